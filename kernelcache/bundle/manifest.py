@@ -1,0 +1,221 @@
+"""The bundle manifest: frozen dataclasses with a JSON round trip and a schema version.
+
+A manifest pins everything a Triton cache key depends on (``Environment``), names the target
+(``Target``), and lists every file of the bundle with its size and sha256, grouped by what it is:
+a compiled kernel (``Kernel``), a C helper module Triton builds with gcc (``Module``: launchers and
+``cuda_utils``), or a FlashInfer JIT module (``FlashInferModule``). docs/FORMAT.md is the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from ..errors import BundleManifestError
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One member of the bundle. ``path`` is relative to the cache root: ``<key>/<file>``."""
+
+    path: str
+    size: int
+    sha256: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path:
+            raise ValueError("file path must be a non-empty string")
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 0:
+            raise ValueError(f"{self.path}: size must be a non-negative integer")
+        if not isinstance(self.sha256, str) or not _HEX64.fullmatch(self.sha256):
+            raise ValueError(f"{self.path}: sha256 must be 64 lowercase hex digits")
+
+
+@dataclass(frozen=True)
+class Target:
+    backend: str
+    arch: str  # "sm_90", "sm_100"; the cubins inside are sm_90a / sm_100a
+    warp_size: int = 32
+    gpu: str | None = None  # GPU profile name ("h200") when the build depended on it
+    sm_count: int | None = None  # multiprocessor count the split top-p kernels were built for
+
+    @property
+    def capability(self) -> int:
+        return arch_to_capability(self.arch)
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What Triton hashes into every cache key, plus the versions that pick the kernel sources."""
+
+    python: str  # "cp312": each cpython minor ships its own libtriton.so
+    platform: str  # "x86_64-linux": launchers are native code
+    triton: str | None
+    triton_key_sha256: str | None
+    ptxas: dict[str, str] = field(default_factory=dict)  # arch -> `ptxas --version` text as Triton sees it
+    env_vars: dict[str, str] = field(default_factory=dict)  # cache-invalidating variables that were set
+    torch: str | None = None
+    vllm: str | None = None
+    flashinfer: str | None = None
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    key: str  # the cache directory name, base32(sha256(cache key))
+    num_warps: int
+    num_stages: int
+    files: tuple[FileRecord, ...]
+    signature: dict[str, str] | None = None  # parameter -> Triton type, in parameter order
+    constexprs: dict[str, Any] | None = None  # parameter -> value (None: not recorded)
+    attrs: dict[str, list] | None = None  # parameter -> specialization attributes (tt.divisibility)
+
+
+@dataclass(frozen=True)
+class Module:
+    """A C extension Triton compiles with gcc and caches beside the kernels."""
+
+    kind: str  # "launcher" | "cuda_utils" | "other"
+    key: str
+    files: tuple[FileRecord, ...]
+
+
+@dataclass(frozen=True)
+class FlashInferModule:
+    name: str  # "sampling"
+    version: str  # flashinfer-python version it was built from
+    cuda: str  # CUDA toolkit version (nvcc)
+    archs: tuple[str, ...]  # ("sm90a",)
+    tvm_ffi: str | None
+    files: tuple[FileRecord, ...]
+
+
+@dataclass(frozen=True)
+class Build:
+    tool: str  # "kernelcache 0.1.0"
+    mode: str  # pack | cross | native | capture | merge
+    source_date_epoch: int = 0
+    keep_ir: bool = False
+    plan: dict | None = None
+    coverage: dict | None = None
+    skipped: tuple[dict, ...] = ()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    target: Target
+    environment: Environment
+    build: Build
+    kernels: tuple[Kernel, ...] = ()
+    modules: tuple[Module, ...] = ()
+    flashinfer: tuple[FlashInferModule, ...] = ()
+    format_version: int = FORMAT_VERSION
+
+    def files(self) -> Iterator[FileRecord]:
+        for group in (self.kernels, self.modules, self.flashinfer):
+            for item in group:
+                yield from item.files
+
+    def file_map(self) -> dict[str, FileRecord]:
+        return {f.path: f for f in self.files()}
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files())
+
+    def to_dict(self) -> dict:
+        return _plain(asdict(self))
+
+    def to_json(self) -> bytes:
+        return (json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n").encode()
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Manifest:
+        if not isinstance(data, Mapping):
+            raise BundleManifestError("manifest.json is not a JSON object")
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise BundleManifestError(
+                f"manifest format_version {version!r} is not supported (this kernelcache reads {FORMAT_VERSION})"
+            )
+        try:
+            return Manifest(
+                format_version=version,
+                target=_build(Target, data["target"]),
+                environment=_build(Environment, data["environment"]),
+                build=_build(Build, data["build"], skipped=tuple),
+                kernels=tuple(_build(Kernel, k, files=_records) for k in data.get("kernels", ())),
+                modules=tuple(_build(Module, m, files=_records) for m in data.get("modules", ())),
+                flashinfer=tuple(
+                    _build(FlashInferModule, m, files=_records, archs=tuple) for m in data.get("flashinfer", ())
+                ),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BundleManifestError(f"manifest.json is malformed: {type(exc).__name__}: {exc}") from None
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> Manifest:
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BundleManifestError(f"manifest.json is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    def replace_build(self, **changes: Any) -> Manifest:
+        from dataclasses import replace
+
+        return replace(self, build=replace(self.build, **changes))
+
+
+def arch_to_capability(arch: str) -> int:
+    """"sm_90" / "sm_90a" / "90" -> 90."""
+    text = arch.lower().removeprefix("sm_").removeprefix("sm").rstrip("af")
+    if not text.isdigit():
+        raise ValueError(f"not a CUDA arch: {arch!r} (expected e.g. sm_90 or sm_100)")
+    return int(text)
+
+
+def capability_to_arch(capability: int) -> str:
+    return f"sm_{capability}"
+
+
+def json_value(value: Any) -> Any:
+    """A JSON-safe form of a constexpr value: non-finite floats and odd objects become strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    return str(value)
+
+
+def _records(items: Any) -> tuple[FileRecord, ...]:
+    return tuple(_build(FileRecord, f) for f in items)
+
+
+def _build(cls: type, data: Any, **converters: Any) -> Any:
+    if not isinstance(data, Mapping):
+        raise TypeError(f"{cls.__name__} must be an object")
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(sorted(unknown))}")
+    values = {k: converters[k](v) if k in converters else v for k, v in data.items()}
+    return cls(**values)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return json_value(value)

@@ -1,0 +1,125 @@
+"""Every error kernelcache raises on purpose, each with its own exit code.
+
+The CLI turns these into one-line messages and exits with ``exit_code``; the Python API raises them.
+Codes are part of the interface (docs/FORMAT.md lists them) and never change meaning.
+"""
+
+from __future__ import annotations
+
+
+class KernelcacheError(Exception):
+    """Base class. ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+
+class UsageError(KernelcacheError):
+    """A bad argument combination the option parser could not catch."""
+
+    exit_code = 2
+
+
+class ManifestFileError(KernelcacheError):
+    """A build manifest under cache-manifests/ (TOML) is malformed or names an unknown key."""
+
+    exit_code = 3
+
+
+class BundleError(KernelcacheError):
+    """A bundle file cannot be trusted. Subclasses say why."""
+
+    exit_code = 10
+
+
+class BundleFormatError(BundleError):
+    """Not a readable zstd tar stream: truncated, not zstd, not tar."""
+
+    exit_code = 11
+
+
+class BundleManifestError(BundleError):
+    """manifest.json is missing, not first, not JSON, or of an unknown schema version."""
+
+    exit_code = 12
+
+
+class UnsafeMemberError(BundleError):
+    """A member would escape the cache entry layout: traversal, absolute path, link, device, odd name."""
+
+    exit_code = 13
+
+
+class IntegrityError(BundleError):
+    """A member's bytes differ from the manifest (sha256, size), or members are missing or extra."""
+
+    exit_code = 14
+
+
+class LimitExceededError(BundleError):
+    """The bundle is larger than the configured limits (total size, member size, member count)."""
+
+    exit_code = 15
+
+
+class FingerprintMismatch(KernelcacheError):
+    """The bundle was built for another environment: its kernels would miss here."""
+
+    exit_code = 20
+
+    def __init__(self, message: str, differences: list[tuple[str, str, str]]):
+        super().__init__(message)
+        self.differences = differences
+
+
+class ArchMismatch(FingerprintMismatch):
+    """The visible GPU is not the bundle's target (arch or SM count)."""
+
+    exit_code = 21
+
+
+class MissingDependency(KernelcacheError):
+    """A package the command needs (triton, vllm, flashinfer, oras) is not importable."""
+
+    exit_code = 30
+
+
+class PathUnavailable(KernelcacheError):
+    """The build plan asks for a code path the installed vLLM does not have."""
+
+    exit_code = 31
+
+
+class AlreadyActivated(KernelcacheError):
+    """Triton already fixed its cache dir in this process; activate() came too late."""
+
+    exit_code = 32
+
+
+class StorageError(KernelcacheError):
+    """Disk full, permission denied, read-only target: nothing was published."""
+
+    exit_code = 40
+
+
+class CompilesDetected(KernelcacheError):
+    """verify saw at least one real compile (a cache miss)."""
+
+    exit_code = 50
+
+
+class BuildFailed(KernelcacheError):
+    """An exercise worker failed."""
+
+    exit_code = 51
+
+
+class RemoteError(KernelcacheError):
+    """A registry or URL transfer failed."""
+
+    exit_code = 60
+
+
+class MergeConflict(KernelcacheError):
+    """Two bundles cannot be merged: different targets or fingerprints."""
+
+    exit_code = 61

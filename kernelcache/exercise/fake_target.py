@@ -1,0 +1,181 @@
+"""A faithful stand-in for a CUDA GPU that is not here, so Triton compiles for it anyway.
+
+Triton's JIT asks its active driver for the target, the device and the stream, derives the
+specialization from the real arguments, and only then compiles; nothing of the driver goes into
+the cache key except the target (shared/research/triton-cache.md §3b). ``FakeCudaDriver`` answers
+those questions for a named arch and turns launches into no-ops. It also builds what Triton 3.6
+builds with gcc at first launch -- the per-signature ``__triton_launcher`` and ``cuda_utils`` --
+against a stub ``libcuda.so.1``, so the bundle carries them prebuilt.
+
+Use one process per target: Triton memoises the target per JIT function and device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# Shared memory per block that CUDA reports (cudaDevAttrMaxSharedMemoryPerBlockOptin), per capability.
+MAX_SHARED_MEM = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448, 103: 232448,
+                  110: 232448, 120: 101376, 121: 101376}
+_TYPEDEF = re.compile(r"(_t|Handle)$")
+
+
+class FakeUtils:
+    def __init__(self, capability: int, sm_count: int):
+        self.props = {
+            "max_shared_mem": MAX_SHARED_MEM.get(capability, 101376),
+            "max_num_regs": 65536,
+            "multiprocessor_count": sm_count,
+            "warpSize": 32,
+            "sm_clock_rate": 1_980_000,
+            "mem_clock_rate": 3_201_000,
+            "mem_bus_width": 6144,
+        }
+        self.real = None  # the real cuda_utils module, built against the stub when asked
+
+    def get_device_properties(self, device: int) -> dict:
+        return dict(self.props)
+
+    def load_binary(self, name, kernel, shared, device):
+        return ("fake-module", "fake-function", 0, 0, 1024)
+
+    def unload_module(self, module) -> None:
+        return None
+
+    def set_printf_fifo_size(self, size: int) -> None:
+        return None
+
+
+def make_driver(capability: int, sm_count: int, prebuild: bool):
+    """The driver object for ``triton.runtime.driver.set_active``."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.driver import DriverBase
+
+    class FakeCudaDriver(DriverBase):
+        def __init__(self) -> None:
+            self.target = GPUTarget("cuda", capability, 32)
+            self.utils = FakeUtils(capability, sm_count)
+            self.launcher_cls = _prebuilding_launcher if prebuild else _noop_launcher
+            self.prebuild = prebuild
+
+        @classmethod
+        def is_active(cls) -> bool:
+            return False
+
+        def get_current_target(self):
+            return self.target
+
+        def get_current_device(self) -> int:
+            return 0
+
+        def set_current_device(self, device: int) -> None:
+            pass
+
+        def get_current_stream(self, device: int | None = None) -> int:
+            return 0
+
+        def get_active_torch_device(self):
+            import torch
+
+            return torch.device("cpu")
+
+        def get_device_interface(self):
+            import torch
+
+            return torch.cuda
+
+        def map_python_to_cpp_type(self, ty: str) -> str:
+            from triton.backends.nvidia.driver import ty_to_cpp
+
+            return ty_to_cpp(ty)
+
+        def get_benchmarker(self):
+            raise RuntimeError("kernelcache fake target: no GPU to benchmark on")
+
+    return FakeCudaDriver()
+
+
+def activate(capability: int, sm_count: int, prebuild: bool = True, stub_dir: str | None = None):
+    """Make Triton compile for ``sm_<capability>`` in this process. Call before any kernel runs."""
+    import triton
+
+    if prebuild:
+        stub = build_libcuda_stub(stub_dir)
+        os.environ["TRITON_LIBCUDA_PATH"] = str(stub)
+        # Loaded by soname first, so the launchers Triton builds and imports resolve against it.
+        ctypes.CDLL(str(stub / "libcuda.so.1"), mode=ctypes.RTLD_GLOBAL)
+    driver = make_driver(capability, sm_count, prebuild)
+    triton.runtime.driver.set_active(driver)
+    if prebuild:
+        build_cuda_utils()
+    return driver
+
+
+def _noop_launcher(src: Any, metadata: Any):
+    return lambda *args, **kwargs: None
+
+
+def _prebuilding_launcher(src: Any, metadata: Any):
+    """Build the real launcher .so into the cache (as the GPU would at first launch), launch nothing."""
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    # The .so is in the cache even when importing the stub-linked module fails.
+    with contextlib.suppress(ImportError, OSError, RuntimeError, AttributeError):
+        CudaLauncher(src, metadata)
+    return _noop_launcher(src, metadata)
+
+
+def build_cuda_utils() -> None:
+    from triton.backends.nvidia.driver import CudaUtils
+
+    with contextlib.suppress(ImportError, OSError, RuntimeError, AttributeError):
+        CudaUtils()
+
+
+def prebuild_launchers(functions) -> int:
+    """Build launchers for every kernel compiled so far (compile-only warmups never launch)."""
+    count = 0
+    for fn in functions:
+        for cache in getattr(fn, "device_caches", {}).values():
+            for kernel in list(cache[0].values()):
+                kernel = kernel.result() if hasattr(kernel, "result") else kernel
+                kernel._init_handles()
+                count += 1
+    return count
+
+
+def libcuda_symbols() -> list[str]:
+    """Every ``cu*`` driver entry point Triton's C helpers reference (read from the installed Triton)."""
+    import triton.backends.nvidia as nv
+
+    here = Path(nv.__file__).parent
+    text = "".join(p.read_text() for p in (here / "driver.c", here / "driver.py") if p.exists())
+    names = set(re.findall(r"\b(cu[A-Z][A-Za-z0-9_]*)\b", text))
+    return sorted(n for n in names if not _TYPEDEF.search(n))
+
+
+def build_libcuda_stub(directory: str | None = None) -> Path:
+    """A ``libcuda.so.1`` defining the driver symbols (each fails with CUDA_ERROR_UNKNOWN), for linking only."""
+    out = Path(directory or tempfile.mkdtemp(prefix="kernelcache-libcuda-"))
+    target = out / "libcuda.so.1"
+    if target.exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    source = out / "libcuda_stub.c"
+    source.write_text("".join(f"int {name}(void) {{ return 999; }}\n" for name in libcuda_symbols()))
+    cc = os.environ.get("CC") or "gcc"
+    tmp = out / f".libcuda.so.1.{os.getpid()}"
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp), str(source)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    os.replace(tmp, target)
+    return out

@@ -1,0 +1,107 @@
+"""Record every Triton ``compile()`` call -- disk hit or real compile -- as one JSON line.
+
+``triton.knobs.compilation.listener`` is called on every compile, hit or miss, with the source
+(signature, constexprs, attrs), the metadata (hash, num_warps, ...) and ``cache_hit``
+(shared/research/triton-cache.md §2). Triton's own metadata file keeps no signature or
+constexprs, so this log is where the bundle manifest gets them, where ``verify`` counts compiles,
+and where the overlay's miss log comes from. Lines are appended with one ``write`` each, so
+threads and processes can share one log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+LOG_ENV = "KERNELCACHE_COMPILE_LOG"
+_lock = threading.Lock()
+
+
+def base32_key(hash_hex: str) -> str:
+    """The cache directory name Triton derives from a metadata hash."""
+    import base64
+
+    return base64.b32encode(bytes.fromhex(hash_hex)).decode().rstrip("=")
+
+
+def event(src: Any, metadata: dict, cache_hit: bool, times: Any) -> dict:
+    names = list(getattr(src, "signature", {}) or {})
+    signature = dict(getattr(src, "signature", {}) or {})
+    constants = getattr(src, "constants", {}) or {}
+    attrs = getattr(src, "attrs", {}) or {}
+    return {
+        "name": getattr(src, "name", None) or metadata.get("name"),
+        "key": base32_key(metadata["hash"]),
+        "cache_hit": bool(cache_hit),
+        "arch": getattr(metadata.get("target"), "arch", None),
+        "num_warps": metadata.get("num_warps"),
+        "num_stages": metadata.get("num_stages"),
+        "signature": signature,
+        "constexprs": {_param(names, k): _value(v) for k, v in constants.items()},
+        "attrs": {_param(names, k): v for k, v in attrs.items() if v},
+        "compile_us": getattr(times, "total", None),
+        "pid": os.getpid(),
+        "time": time.time(),
+    }
+
+
+def install(path: str | None = None, also: Callable[[dict], None] | None = None) -> Callable:
+    """Record to ``path`` (default: $KERNELCACHE_COMPILE_LOG) and hand each record to ``also``."""
+    """Chain a recording listener in front of whatever listener Triton already has."""
+    import triton
+
+    target = path or os.environ.get(LOG_ENV)
+    previous = triton.knobs.compilation.listener
+
+    def listener(*, src, metadata, metadata_group, times, cache_hit):
+        record = event(src, metadata, cache_hit, times)
+        if target:
+            append(target, record)
+        if also is not None:
+            also(record)
+        if previous is not None:
+            previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit)
+
+    triton.knobs.compilation.listener = listener
+    return listener
+
+
+def append(path: str, record: dict) -> None:
+    line = (json.dumps(record, default=str) + "\n").encode()
+    with _lock:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+
+def read(path: str) -> list[dict]:
+    """All complete records of a log (a torn last line from a killed writer is skipped)."""
+    records = []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return records
+
+
+def _param(names: list[str], index: Any) -> str:
+    if isinstance(index, tuple) and len(index) == 1 and isinstance(index[0], int) and index[0] < len(names):
+        return names[index[0]]
+    return str(index)
+
+
+def _value(value: Any) -> Any:
+    from ..bundle.manifest import json_value
+
+    return json_value(value)

@@ -1,0 +1,116 @@
+"""One exercise process: a fresh TRITON_CACHE_DIR, a real or fake target, one list of tasks.
+
+Run as ``python -m kernelcache.exercise.worker JOB.json``. The job names the cache dir, the compile
+log, the target (capability, SM count) and whether it is real (``native``) or faked (``cross``).
+Everything that decides a cache key is set here, in this order, before Triton is imported:
+environment, then the active driver, then (for vLLM) the platform, then the kernels run.
+The result (task outcomes, counts) is written as JSON to ``JOB.json.result``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class Task:
+    """``module:function`` plus keyword arguments; the function returns a JSON-able summary."""
+
+    call: str
+    kwargs: dict = field(default_factory=dict)
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Job:
+    cache_dir: str
+    compile_log: str
+    capability: int
+    sm_count: int
+    mode: str  # "cross" | "native"
+    tasks: tuple[Task, ...]
+    prebuild: bool = True  # launchers and cuda_utils
+    env: dict = field(default_factory=dict)  # extra variables, set before import
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> Job:
+        data = json.loads(text)
+        data["tasks"] = tuple(Task(**t) for t in data["tasks"])
+        return cls(**data)
+
+
+def main(path: str) -> int:
+    with open(path, encoding="utf-8") as handle:
+        job = Job.from_json(handle.read())
+    os.environ["TRITON_CACHE_DIR"] = job.cache_dir
+    os.environ.update(job.env)
+    if job.mode == "cross":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # vLLM's lenient Triton-import branch (vllm-cross-spike.md)
+    started = time.perf_counter()
+    results, functions = [], set()
+
+    from . import listener
+
+    listener.install(job.compile_log)
+    _track_functions(functions)
+    if job.mode == "cross":
+        from . import fake_target
+
+        fake_target.activate(job.capability, job.sm_count, prebuild=job.prebuild,
+                             stub_dir=os.path.join(os.path.dirname(path), "libcuda-stub"))
+    failed = False
+    for task in job.tasks:
+        results.append(_run_task(task))
+        failed = failed or not results[-1]["ok"]
+    launchers = 0
+    if job.prebuild and job.mode == "cross":
+        from . import fake_target
+
+        launchers = fake_target.prebuild_launchers(functions)
+    outcome = {"ok": not failed, "tasks": results, "launchers_initialised": launchers,
+               "seconds": time.perf_counter() - started}
+    with open(path + ".result", "w", encoding="utf-8") as handle:
+        json.dump(outcome, handle, indent=1, default=str)
+    return 0 if not failed else 1
+
+
+def _run_task(task: Task) -> dict:
+    module_name, _, func_name = task.call.partition(":")
+    started = time.perf_counter()
+    try:
+        func = getattr(importlib.import_module(module_name), func_name)
+        summary = func(**task.kwargs)
+        return {"label": task.label or task.call, "ok": True, "summary": summary,
+                "seconds": time.perf_counter() - started}
+    except Exception as exc:  # noqa: BLE001 -- reported to the parent, which decides
+        return {"label": task.label or task.call, "ok": False, "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc(), "seconds": time.perf_counter() - started}
+
+
+def _track_functions(functions: set) -> None:
+    """Remember every JITFunction that compiled, to build its launchers afterwards."""
+    import triton
+
+    previous = triton.knobs.compilation.listener
+
+    def listener(*, src, metadata, metadata_group, times, cache_hit):
+        fn = getattr(src, "fn", None)
+        if fn is not None:
+            functions.add(fn)
+        if previous is not None:
+            previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit)
+
+    triton.knobs.compilation.listener = listener
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

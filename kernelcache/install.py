@@ -1,0 +1,306 @@
+"""Install a bundle into a Triton cache directory: plan first, then execute atomically.
+
+``plan_install`` only reads: the manifest, this environment's fingerprint, the visible GPUs and
+what the cache already holds. It returns an ``InstallPlan`` that says what would happen and why a
+bundle would be refused. ``InstallPlan.execute`` then, under a per-cache-dir file lock:
+
+1. rolls forward an install a killed process left half-published, and removes stale staging dirs;
+2. returns at once if another process installed the same bundle meanwhile;
+3. extracts into ``<cache>/.kernelcache/staging/`` (same filesystem), verifying every member's
+   size and sha256 before anything is renamed;
+4. rewrites each Triton group file to the final absolute paths;
+5. writes a journal of the entries to publish, renames each entry into place (a whole directory in
+   one ``rename`` where the key is new; file by file, group file last, where Triton left a partial
+   one; complete entries already there are left alone), writes the receipt, drops the journal.
+
+Triton only trusts an entry once its group file exists, so a reader never sees a partial entry,
+and a kill at any point leaves either the old state or a journal the next install completes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from .bundle import archive
+from .bundle.fingerprint import Difference, compare, compare_gpu, local_environment
+from .bundle.manifest import Manifest
+from .errors import ArchMismatch, FingerprintMismatch, KernelcacheError, StorageError
+from .plan.gpus import visible_gpus
+
+STATE_DIR = ".kernelcache"
+LOCK_TIMEOUT = float(os.environ.get("KERNELCACHE_LOCK_TIMEOUT", "600"))
+
+
+def default_cache_dir() -> Path:
+    """Where Triton looks: KERNELCACHE_HOME, else TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache."""
+    for var in ("KERNELCACHE_HOME", "TRITON_CACHE_DIR"):
+        if os.environ.get(var):
+            return Path(os.environ[var])
+    return Path(os.environ.get("TRITON_HOME") or Path.home()) / ".triton" / "cache"
+
+
+def resolve_cache_dir(cache_dir: str | os.PathLike | None) -> Path:
+    return Path(os.path.abspath(cache_dir if cache_dir is not None else default_cache_dir()))
+
+
+@dataclass(frozen=True)
+class InstallResult:
+    cache_dir: Path
+    digest: str
+    action: str  # "installed" | "already-installed"
+    written: int = 0
+    present: int = 0
+    seconds: float = 0.0
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class InstallPlan:
+    bundle: Path
+    manifest: Manifest
+    digest: str
+    cache_dir: Path
+    differences: tuple[Difference, ...] = ()
+    force: bool = False
+    limits: archive.Limits = field(default_factory=archive.Limits.from_env)
+
+    @property
+    def blocking(self) -> tuple[Difference, ...]:
+        return tuple(d for d in self.differences if d.blocking)
+
+    @property
+    def already_installed(self) -> bool:
+        return installed_complete(self.cache_dir, self.digest, self.manifest)
+
+    def check(self) -> list[str]:
+        """Raise if the bundle would miss here (unless forced); return warnings."""
+        if self.blocking and not self.force:
+            cls = ArchMismatch if all(d.field.startswith("gpu[") for d in self.blocking) else FingerprintMismatch
+            raise cls(
+                f"bundle {self.bundle.name} was built for another environment ({len(self.blocking)} field(s) "
+                f"differ); its kernels would be recompiled here. --force installs it anyway",
+                [(d.field, d.bundle, d.local) for d in self.blocking],
+            )
+        warnings = [f"{d.field}: bundle {d.bundle}, here {d.local} ({d.why})" for d in self.differences]
+        if self.blocking:
+            warnings.insert(0, "FORCED: installing a bundle whose fingerprint does not match; expect compiles")
+        return warnings
+
+    def execute(self) -> InstallResult:
+        warnings = tuple(self.check())
+        started = time.perf_counter()
+        if self.already_installed:
+            return InstallResult(self.cache_dir, self.digest, "already-installed", seconds=0.0, warnings=warnings)
+        state = _state_dir(self.cache_dir)
+        try:
+            with FileLock(str(state / "lock"), timeout=LOCK_TIMEOUT):
+                recover(self.cache_dir, locked=True)
+                if self.already_installed:
+                    return InstallResult(self.cache_dir, self.digest, "already-installed",
+                                         seconds=time.perf_counter() - started, warnings=warnings)
+                written, present = _install_locked(self, state)
+        except Timeout:
+            waited = f"timed out after {LOCK_TIMEOUT:.0f}s waiting for the lock on {self.cache_dir}"
+            raise StorageError(waited) from None
+        except OSError as exc:
+            raise StorageError(f"cannot install into {self.cache_dir}: {exc.strerror or exc}") from None
+        return InstallResult(self.cache_dir, self.digest, "installed", written, present,
+                             time.perf_counter() - started, warnings)
+
+
+def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,
+                 check_gpu: bool = True, limits: archive.Limits | None = None) -> InstallPlan:
+    path = Path(bundle)
+    lim = limits or archive.Limits.from_env()
+    manifest = archive.read_manifest(path, lim)
+    try:
+        here = local_environment(manifest.environment.ptxas or [manifest.target.arch])
+    except KernelcacheError:
+        if not force:
+            raise
+        here = None
+    differences = compare(manifest, here) if here is not None else []
+    if check_gpu:
+        differences += compare_gpu(manifest.target, visible_gpus())
+    return InstallPlan(path, manifest, archive.bundle_digest(manifest), resolve_cache_dir(cache_dir),
+                       tuple(differences), force, lim)
+
+
+def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,
+            check_gpu: bool = True, limits: archive.Limits | None = None) -> InstallResult:
+    """Verify, check against this environment, and publish a bundle. Idempotent."""
+    return plan_install(bundle, cache_dir, force, check_gpu, limits).execute()
+
+
+# -- state: receipts, journal, staging ------------------------------------------------------------
+
+
+def _state_dir(cache_dir: Path) -> Path:
+    state = cache_dir / STATE_DIR
+    try:
+        for sub in ("", "staging", "installed", "journal"):
+            (state / sub).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(f"cannot write to {cache_dir}: {exc.strerror or exc}") from None
+    return state
+
+
+def receipt_path(cache_dir: Path, digest: str) -> Path:
+    return cache_dir / STATE_DIR / "installed" / f"{digest}.json"
+
+
+def receipts(cache_dir: Path) -> list[dict]:
+    """Every bundle installed into this cache dir, newest first."""
+    found = []
+    for path in sorted((Path(cache_dir) / STATE_DIR / "installed").glob("*.json")):
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(found, key=lambda r: r.get("installed_at", 0), reverse=True)
+
+
+def entry_dirs(manifest: Manifest) -> list[str]:
+    """The directories a bundle publishes, relative to the cache root (one per kernel or module)."""
+    return sorted({os.path.dirname(f.path) for f in manifest.files()})
+
+
+def installed_complete(cache_dir: Path, digest: str, manifest: Manifest) -> bool:
+    if not receipt_path(cache_dir, digest).is_file():
+        return False
+    return all(os.path.exists(cache_dir / f.path) for f in manifest.files())
+
+
+def recover(cache_dir: Path, locked: bool = False) -> int:
+    """Finish publishes a killed install left behind; drop staging dirs no journal needs."""
+    state = Path(cache_dir) / STATE_DIR
+    if not (state / "journal").is_dir():
+        return 0
+    if not locked:
+        with FileLock(str(state / "lock"), timeout=LOCK_TIMEOUT):
+            return recover(cache_dir, locked=True)
+    finished = 0
+    for journal in sorted((state / "journal").glob("*.json")):
+        try:
+            record = json.loads(journal.read_text())
+        except (OSError, ValueError):
+            journal.unlink(missing_ok=True)
+            continue
+        staging = Path(record["staging"])
+        _publish(Path(cache_dir), staging, record["entries"])
+        _write_receipt(Path(cache_dir), record["receipt"])
+        journal.unlink()
+        finished += 1
+    for stale in (state / "staging").iterdir() if (state / "staging").is_dir() else ():
+        shutil.rmtree(stale, ignore_errors=True)
+    return finished
+
+
+def _install_locked(plan: InstallPlan, state: Path) -> tuple[int, int]:
+    staging = state / "staging" / f"{plan.digest[:16]}-{os.getpid()}"
+    try:
+        archive.extract(plan.bundle, staging, plan.limits)
+        _relocate_groups(plan.manifest, staging, plan.cache_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    entries = entry_dirs(plan.manifest)
+    receipt = {
+        "digest": plan.digest,
+        "bundle": str(plan.bundle),
+        "cache_dir": str(plan.cache_dir),
+        "installed_at": time.time(),
+        "pid": os.getpid(),
+        "entries": entries,
+        "manifest": plan.manifest.to_dict(),
+    }
+    journal = state / "journal" / f"{plan.digest}.json"
+    _atomic_write(journal, json.dumps({"staging": str(staging), "entries": entries, "receipt": receipt}).encode())
+    written, present = _publish(plan.cache_dir, staging, entries)
+    _write_receipt(plan.cache_dir, receipt)
+    journal.unlink()
+    shutil.rmtree(staging, ignore_errors=True)
+    _log(state, {"event": "extracted", "digest": plan.digest, "pid": os.getpid(), "written": written,
+                 "present": present, "time": time.time()})
+    return written, present
+
+
+def _relocate_groups(manifest: Manifest, staging: Path, cache_dir: Path) -> None:
+    """Point every group file's children at the final absolute paths (triton-cache.md §1)."""
+    for kernel in manifest.kernels:
+        group = staging / kernel.key / f"__grp__{kernel.name}.json"
+        children = json.loads(group.read_text())["child_paths"]
+        final = {name: str(cache_dir / kernel.key / os.path.basename(rel)) for name, rel in children.items()}
+        group.write_text(json.dumps({"child_paths": final}))
+
+
+def _publish(cache_dir: Path, staging: Path, entries: list[str]) -> tuple[int, int]:
+    written = present = 0
+    for rel in entries:
+        source, target = staging / rel, cache_dir / rel
+        if not source.exists():
+            present += 1  # published before a kill; the journal replay finds it gone from staging
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists():
+            try:
+                os.rename(source, target)
+                written += 1
+                continue
+            except OSError:
+                if not target.exists():
+                    raise
+        if _complete(target):
+            present += 1
+        else:
+            _merge_into(source, target)
+            written += 1
+    return written, present
+
+
+def _complete(entry: Path) -> bool:
+    """A Triton entry with a readable group file whose children all exist, or a module dir."""
+    groups = list(entry.glob("__grp__*.json"))
+    if not groups:
+        files = [p for p in entry.iterdir() if p.is_file()]
+        return bool(files) and all(p.suffix == ".so" for p in files)
+    try:
+        return all(
+            os.path.exists(p)
+            for group in groups
+            for p in json.loads(group.read_text())["child_paths"].values()
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _merge_into(source: Path, target: Path) -> None:
+    """Fill a partial entry file by file, the group file last, each with an atomic replace."""
+    files = sorted(source.iterdir(), key=lambda p: (p.name.startswith("__grp__"), p.name))
+    for path in files:
+        os.replace(path, target / path.name)
+
+
+def _write_receipt(cache_dir: Path, receipt: dict) -> None:
+    _atomic_write(receipt_path(cache_dir, receipt["digest"]), json.dumps(receipt, indent=1).encode())
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _log(state: Path, record: dict) -> None:
+    with open(state / "log.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")

@@ -1,0 +1,84 @@
+"""Point Triton (and FlashInfer) at an installed cache: shell exports, exec, or in-process.
+
+Everything is carried by environment variables, so it reaches vLLM's engine and worker
+processes: vLLM keeps a ``TRITON_CACHE_DIR`` that is set before it starts (vllm-sampler.md §4).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import AlreadyActivated, UsageError
+from ..install import InstallResult, install, recover, resolve_cache_dir
+
+
+def environment(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
+    """The variables that make Triton and FlashInfer use the installed cache at ``cache_dir``."""
+    root = resolve_cache_dir(cache_dir)
+    variables = {"TRITON_CACHE_DIR": str(root)}
+    return variables
+
+
+def shell_exports(variables: dict[str, str]) -> str:
+    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in variables.items())
+
+
+def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | None, force: bool = False
+            ) -> tuple[InstallResult | None, dict[str, str]]:
+    """Install ``bundle`` if given (a no-op when already there), finish interrupted installs."""
+    result = install(bundle, cache_dir, force=force) if bundle is not None else None
+    root = result.cache_dir if result else resolve_cache_dir(cache_dir)
+    if root.is_dir() and os.access(root, os.W_OK):
+        recover(root)
+    return result, environment(root)
+
+
+def activate(bundle_or_dir: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
+             force: bool = False) -> dict[str, str]:
+    """Use a bundle (installed first) or an installed cache dir in this process and its children.
+
+    Call it before importing triton or vllm. Raises ``AlreadyActivated`` when Triton's cache dir
+    was already pinned in this process to somewhere else.
+    """
+    bundle = None
+    if bundle_or_dir is not None and Path(bundle_or_dir).is_file():
+        bundle = bundle_or_dir
+    elif bundle_or_dir is not None:
+        if cache_dir is not None:
+            raise UsageError("give either an installed cache dir or --cache-dir, not both")
+        cache_dir = bundle_or_dir
+    _, variables = prepare(bundle, cache_dir, force)
+    _refuse_if_pinned(variables["TRITON_CACHE_DIR"])
+    os.environ.update(variables)
+    return variables
+
+
+def run(command: Sequence[str], bundle: str | os.PathLike | None = None,
+        cache_dir: str | os.PathLike | None = None, force: bool = False) -> None:
+    """Install if needed, then replace this process with ``command`` in the cache's environment."""
+    if not command:
+        raise UsageError("nothing to run: give a command after --")
+    _, variables = prepare(bundle, cache_dir, force)
+    env = {**os.environ, **variables}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(command[0], list(command), env)
+    except FileNotFoundError:
+        raise UsageError(f"command not found: {command[0]}") from None
+
+
+def _refuse_if_pinned(wanted: str) -> None:
+    knobs = sys.modules.get("triton.knobs")
+    if knobs is None:
+        return
+    pinned = knobs.cache.__dict__.get("dir")
+    if pinned is not None and os.path.abspath(pinned) != os.path.abspath(wanted):
+        raise AlreadyActivated(
+            f"triton.knobs.cache.dir is already set to {pinned} in this process; call "
+            "kernelcache.activate() before anything configures Triton"
+        )
