@@ -165,3 +165,84 @@ def run(bundle: str | None, cache_dir: str | None, force: bool, command: tuple[s
     from .runtime.env import run as do_run
 
     do_run(list(command), bundle, cache_dir, force)
+
+
+@main.command()
+@click.option("--arch", required=True, help="Target GPU arch, e.g. sm_90 or sm_100.")
+@click.option("--manifest", "manifest_file", type=click.Path(dir_okay=False), default=None,
+              help="Build manifest [default: cache-manifests/vllm-sampler.toml].")
+@click.option("--gpu", "gpus", multiple=True, help="GPU profile(s) to build for (overrides the manifest).")
+@click.option("--vocab", "vocabs", multiple=True, type=int, help="Vocab size(s) (overrides the manifest).")
+@click.option("--dtype", "dtypes", multiple=True, help="Logits dtype(s): float32, bfloat16, float16.")
+@click.option("--max-num-seqs", type=int, default=None, help="vLLM max_num_seqs (the batch range).")
+@click.option("--path", "paths", multiple=True, help="Path(s): registry, mrv1, mrv2, flashinfer.")
+@click.option("--mode", type=click.Choice(["auto", "cross", "native"]), default="auto", show_default=True,
+              help="native: run on a visible GPU of the arch; cross: a faithful fake target; auto: native if possible.")
+@click.option("--jobs", type=int, default=None, help="Exercise processes at once [default: all cores].")
+@click.option("-o", "--output-dir", default="bundles", show_default=True, type=click.Path(file_okay=False))
+@click.option("--keep-ir", is_flag=True, help="Also keep the IR files.")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the build's scratch dir here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def build(arch, manifest_file, gpus, vocabs, dtypes, max_num_seqs, paths, mode, jobs, output_dir, keep_ir, workdir,
+          as_json) -> None:
+    """Run vLLM's sampler paths for ARCH and write one bundle per GPU profile."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .build import build as do_build
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True, disable=as_json) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(label: str, done: int, total: int) -> None:
+            if label not in tasks:
+                tasks[label] = bar.add_task(f"exercising {label}", total=total)
+            bar.update(tasks[label], completed=done)
+
+        result = do_build(arch, manifest_file, list(gpus) or None, list(vocabs) or None, list(dtypes) or None,
+                          max_num_seqs, list(paths) or None, mode, jobs, output_dir, keep_ir, workdir,
+                          progress=progress)
+    if as_json:
+        _json([_build_json(t) for t in result.targets])
+        return
+    for target in result.targets:
+        _build_summary(target)
+
+
+def _build_json(target) -> dict:
+    return {"arch": target.target.arch, "sm_count": target.target.sm_count, "mode": target.target.mode,
+            "seconds": target.seconds, "compiles": target.compiles, "compile_seconds": target.compile_seconds,
+            "coverage": target.coverage,
+            "bundles": [{"path": str(b.path), "digest": b.digest, "size": b.path.stat().st_size,
+                         "gpu": b.manifest.target.gpu, "kernels": len(b.manifest.kernels),
+                         "modules": len(b.manifest.modules)} for b in target.bundles]}
+
+
+def _build_summary(target) -> None:
+    from .bundle.inspect import human_size
+
+    t = target.target
+    table = Table(title=f"{t.arch}, {t.sm_count} SMs ({t.mode})", title_justify="left")
+    for column in ("kernel", "variants", "by path"):
+        table.add_column(column)
+    for name, cov in target.coverage.items():
+        table.add_row(name, str(cov["variants"]), ", ".join(f"{p} {n}" for p, n in cov["by_path"].items()))
+    out.print(table)
+    first = target.bundles[0].manifest
+    out.print(f"{len(first.kernels)} kernels, {len(first.modules)} prebuilt modules; {target.compiles} compiles "
+              f"({target.compile_seconds:.1f}s of compile time) in {target.seconds:.1f}s")
+    for bundle in target.bundles:
+        out.print(f"wrote {bundle.path} ({human_size(bundle.path.stat().st_size)}) for {bundle.manifest.target.gpu}")
+
+
+@main.command()
+def gpus() -> None:
+    """List the GPU profiles (arch, SM count) builds can target."""
+    from .plan.gpus import PROFILES
+
+    table = Table()
+    for column in ("profile", "arch", "SMs", "product"):
+        table.add_column(column)
+    for p in PROFILES.values():
+        table.add_row(p.name, p.arch, str(p.sm_count), p.product)
+    out.print(table)

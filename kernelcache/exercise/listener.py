@@ -44,6 +44,7 @@ def event(src: Any, metadata: dict, cache_hit: bool, times: Any) -> dict:
         "constexprs": {_param(names, k): _value(v) for k, v in constants.items()},
         "attrs": {_param(names, k): v for k, v in attrs.items() if v},
         "compile_us": getattr(times, "total", None),
+        "task": os.environ.get("KERNELCACHE_TASK"),
         "pid": os.getpid(),
         "time": time.time(),
     }

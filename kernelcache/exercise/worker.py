@@ -37,6 +37,7 @@ class Job:
     tasks: tuple[Task, ...]
     prebuild: bool = True  # launchers and cuda_utils
     env: dict = field(default_factory=dict)  # extra variables, set before import
+    setup: tuple[Task, ...] = ()  # run after the driver is active, before the tasks (e.g. vLLM's platform)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -45,6 +46,7 @@ class Job:
     def from_json(cls, text: str) -> Job:
         data = json.loads(text)
         data["tasks"] = tuple(Task(**t) for t in data["tasks"])
+        data["setup"] = tuple(Task(**t) for t in data.get("setup", ()))
         return cls(**data)
 
 
@@ -53,6 +55,7 @@ def main(path: str) -> int:
         job = Job.from_json(handle.read())
     os.environ["TRITON_CACHE_DIR"] = job.cache_dir
     os.environ.update(job.env)
+    os.environ["KERNELCACHE_TARGET_MODE"] = job.mode
     if job.mode == "cross":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # vLLM's lenient Triton-import branch (vllm-cross-spike.md)
     started = time.perf_counter()
@@ -68,23 +71,54 @@ def main(path: str) -> int:
         fake_target.activate(job.capability, job.sm_count, prebuild=job.prebuild,
                              stub_dir=os.path.join(os.path.dirname(path), "libcuda-stub"))
     failed = False
+    for task in job.setup:
+        results.append(_run_task(task))
+        if not results[-1]["ok"]:
+            return _finish(path, results, 0, started, True, job.capability)
+    launchers = 0
     for task in job.tasks:
         results.append(_run_task(task))
         failed = failed or not results[-1]["ok"]
-    launchers = 0
-    if job.prebuild and job.mode == "cross":
-        from . import fake_target
+        launchers += _between_tasks(job, functions)
+    return _finish(path, results, launchers, started, failed, job.capability)
 
-        launchers = fake_target.prebuild_launchers(functions)
+
+def _finish(path: str, results: list, launchers: int, started: float, failed: bool, capability: int = 0) -> int:
     outcome = {"ok": not failed, "tasks": results, "launchers_initialised": launchers,
-               "seconds": time.perf_counter() - started}
+               "seconds": time.perf_counter() - started, "environment": _environment(capability)}
     with open(path + ".result", "w", encoding="utf-8") as handle:
         json.dump(outcome, handle, indent=1, default=str)
     return 0 if not failed else 1
 
 
+def _between_tasks(job: Job, functions: set) -> int:
+    """Build the launchers of what the task compiled, then forget the in-memory kernels, so the next
+    task's launches go through ``compile()`` again (disk hits) and the log attributes them to it."""
+    count = 0
+    if job.prebuild and job.mode == "cross":
+        from . import fake_target
+
+        count = fake_target.prebuild_launchers(functions)
+    for fn in functions:
+        fn.device_caches.clear()
+    return count
+
+
+def _environment(capability: int) -> dict | None:
+    """The fingerprint as this process saw it while compiling (None if Triton is unusable)."""
+    from dataclasses import asdict
+
+    from ..bundle.fingerprint import local_environment
+
+    try:
+        return asdict(local_environment([f"sm_{capability}"]))
+    except Exception:  # noqa: BLE001 -- reported as missing; the parent refuses to bundle then
+        return None
+
+
 def _run_task(task: Task) -> dict:
     module_name, _, func_name = task.call.partition(":")
+    os.environ["KERNELCACHE_TASK"] = task.label or task.call
     started = time.perf_counter()
     try:
         func = getattr(importlib.import_module(module_name), func_name)

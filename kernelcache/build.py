@@ -1,0 +1,343 @@
+"""``kernelcache build``: plan -> exercise -> harvest -> bundle, for one GPU arch.
+
+1. The build manifest (plan/manifest.py) and the flags give a ``BuildPlan``.
+2. The plan's GPU profiles of the arch are grouped by SM count (profiles with the same arch and SM
+   count compile identical keys) into ``BuildTarget``s.
+3. For each target, one exercise process per vocab size runs the requested vLLM paths
+   (exercise/vllm_sampler.py) into one fresh ``TRITON_CACHE_DIR`` -- natively when a GPU of that arch
+   is visible, otherwise behind the fake target -- ``--jobs`` at a time.
+4. The cache is harvested and written as one bundle per GPU profile, with the plan, the coverage
+   (which specializations of which kernel each path produced) and the environment fingerprint.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__
+from .bundle.archive import source_date_epoch
+from .bundle.fingerprint import package_version
+from .bundle.make import PackResult, make_bundle
+from .bundle.manifest import Build, Environment, Target
+from .errors import BuildFailed, PathUnavailable, UsageError
+from .exercise import listener
+from .exercise.worker import Job, Task
+from .harvest import harvest
+from .plan import manifest as plan_file
+from .plan.gpus import GpuProfile, VisibleGpu, profile_for, visible_gpus
+
+SAMPLER = "kernelcache.exercise.vllm_sampler"
+REQUIRED_MODULES = {
+    "registry": ("vllm.model_executor.warmup.jit_warmup", "vLLM's JIT warmup registry"),
+    "mrv1": ("vllm.v1.sample.sampler", "the V1 (MRV1) Sampler"),
+    "mrv2": ("vllm.v1.worker.gpu.sample.gumbel", "Model Runner V2's Gumbel sampler"),
+    "flashinfer": ("flashinfer", "flashinfer-python"),
+}
+
+
+@dataclass(frozen=True)
+class BuildTarget:
+    arch: str
+    sm_count: int
+    profiles: tuple[GpuProfile, ...]
+    mode: str  # "cross" | "native"
+
+    @property
+    def capability(self) -> int:
+        return int(self.arch.removeprefix("sm_"))
+
+    @property
+    def label(self) -> str:
+        return f"{self.arch}-{self.sm_count}sm"
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    target: BuildTarget
+    bundles: tuple[PackResult, ...]
+    seconds: float
+    compile_seconds: float
+    compiles: int
+    coverage: dict
+    skipped: tuple[dict, ...] = ()
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    plan: plan_file.BuildPlan
+    targets: tuple[TargetResult, ...] = field(default_factory=tuple)
+
+    @property
+    def bundles(self) -> list[PackResult]:
+        return [b for t in self.targets for b in t.bundles]
+
+
+def build(arch: str, manifest: str | os.PathLike | None = None, gpus: list[str] | None = None,
+          vocabs: list[int] | None = None, dtypes: list[str] | None = None, max_num_seqs: int | None = None,
+          paths: list[str] | None = None, mode: str = "auto", jobs: int | None = None,
+          output_dir: str | os.PathLike = "bundles", keep_ir: bool = False, workdir: str | os.PathLike | None = None,
+          extra_tasks: tuple[Task, ...] = (), progress: Callable[[str, int, int], None] | None = None) -> BuildResult:
+    """Build one bundle per GPU profile of ``arch`` from a build manifest (flags override it)."""
+    arch = _normalise_arch(arch)
+    plan = plan_file.load(manifest).override(gpus=gpus, vocabs=vocabs, dtypes=dtypes, max_num_seqs=max_num_seqs,
+                                             paths=paths)
+    check_paths(plan)
+    targets = plan_targets(plan, arch, mode, visible_gpus() if mode != "cross" else [])
+    jobs = jobs or os.cpu_count() or 1
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    scratch = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="kernelcache-build-"))
+    try:
+        for target in targets:
+            work = scratch / target.label
+            if work.exists():
+                shutil.rmtree(work)
+            results.append(_build_target(plan, target, work, out, jobs, keep_ir, extra_tasks, progress))
+    finally:
+        if workdir is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return BuildResult(plan, tuple(results))
+
+
+def _normalise_arch(arch: str) -> str:
+    text = arch.lower().removeprefix("sm_").removeprefix("sm").rstrip("af")
+    if not text.isdigit():
+        raise UsageError(f"--arch must look like sm_90 or sm_100, got {arch!r}")
+    return f"sm_{text}"
+
+
+def check_paths(plan: plan_file.BuildPlan) -> None:
+    """Say clearly when the installed vLLM (or FlashInfer) lacks a path the plan asks for."""
+    if importlib.util.find_spec("vllm") is None:
+        raise PathUnavailable("vLLM is not installed here; `kernelcache build` runs vLLM's own sampler code")
+    for path in plan.paths:
+        module, what = REQUIRED_MODULES[path]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            raise PathUnavailable(
+                f"the manifest asks for the '{path}' path but {what} ({module}) is not in the installed "
+                f"vllm {package_version('vllm')}; drop it from vllm.paths or pass --path"
+            )
+
+
+def plan_targets(plan: plan_file.BuildPlan, arch: str, mode: str, gpus: list[VisibleGpu]) -> list[BuildTarget]:
+    """The distinct (arch, SM count) builds, native when a GPU of the arch is visible (mode auto)."""
+    if mode not in ("auto", "cross", "native"):
+        raise UsageError(f"--mode must be auto, cross or native, got {mode!r}")
+    profiles = plan.for_arch(arch)
+    local = [g for g in gpus if g.arch == arch]
+    native = mode == "native" or (mode == "auto" and bool(local))
+    if native:
+        if not local:
+            raise UsageError(f"--mode native needs a visible {arch} GPU; none is visible (use --mode cross)")
+        gpu = local[0]
+        matching = tuple(p for p in profiles if p.sm_count == gpu.sm_count)
+        if profiles and not matching:
+            names = ", ".join(p.name for p in profiles)
+            raise UsageError(f"the visible {gpu.name} has {gpu.sm_count} SMs, which matches none of the requested "
+                             f"profiles ({names}); use --mode cross to build for them")
+        chosen = matching or (profile_for(gpu) or GpuProfile(f"local-{gpu.capability}", arch, gpu.sm_count, gpu.name),)
+        return [BuildTarget(arch, gpu.sm_count, chosen, "native")]
+    if not profiles:
+        known = ", ".join(sorted({p.arch for p in plan.gpus}))
+        raise UsageError(f"the plan has no GPU profile for {arch} (it has {known}); pass --gpu")
+    by_sm: dict[int, list[GpuProfile]] = defaultdict(list)
+    for p in profiles:
+        by_sm[p.sm_count].append(p)
+    return [BuildTarget(arch, sm, tuple(ps), "cross") for sm, ps in sorted(by_sm.items())]
+
+
+# -- exercise -------------------------------------------------------------------------------------
+
+
+def vocab_tasks(plan: plan_file.BuildPlan, target: BuildTarget, vocab: int) -> tuple[Task, ...]:
+    """The exercise tasks of one vocab size: the requested paths, registry first (the others then hit).
+
+    The runtime paths run one batch size per specialization class of ``1..max_num_seqs*(spec+1)``,
+    which the worker derives from vLLM's own split-count rule and the target's SM count.
+    """
+    max_batch = plan.max_num_seqs * (plan.num_speculative_tokens + 1)
+    processed = "float32" in plan.dtypes
+    model_dtypes = [d for d in plan.dtypes if d != "float32"]
+    tasks = []
+    if "registry" in plan.paths and processed:
+        tasks.append(Task(f"{SAMPLER}:registry", {"vocab": vocab, "max_num_seqs": plan.max_num_seqs,
+                                                   "num_speculative_tokens": plan.num_speculative_tokens},
+                          label="registry"))
+    if "mrv1" in plan.paths and processed:
+        tasks.append(Task(f"{SAMPLER}:mrv1", {"vocab": vocab, "max_batch": max_batch, "modes": list(plan.modes),
+                                               "seeded": plan.seeded, "unseeded": plan.unseeded and
+                                               "flashinfer" not in plan.paths}, label="mrv1"))
+    if "mrv2" in plan.paths:
+        tasks.append(Task(f"{SAMPLER}:mrv2", {
+            "vocab": vocab, "max_batch": max_batch, "modes": list(plan.modes) if processed else [],
+            "model_dtypes": model_dtypes, "max_num_reqs": plan.max_num_seqs, "min_p": plan.min_p,
+            "fp64_gumbel": plan.fp64_gumbel}, label="mrv2"))
+    return tuple(tasks)
+
+
+def _jobs(plan: plan_file.BuildPlan, target: BuildTarget, work: Path, jobs: int,
+          extra_tasks: tuple[Task, ...]) -> list[tuple[str, Path, Job]]:
+    cache = work / "cache"
+    threads = str(max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(plan.vocabs)))))
+    env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_TRITON_JIT_WARMUP_NUM_THREADS": threads,
+           "TQDM_DISABLE": "1"}
+    setup = ()
+    if target.mode == "cross":
+        product = target.profiles[0].product
+        setup = (Task(f"{SAMPLER}:setup_platform", {"capability": target.capability, "sm_count": target.sm_count,
+                                                     "product": product}, label="platform"),)
+    units = [(str(v.size), vocab_tasks(plan, target, v.size)) for v in plan.vocabs]
+    if extra_tasks:
+        units.append(("extra", tuple(extra_tasks)))
+    out = []
+    for name, tasks in units:
+        if not tasks:
+            continue
+        job_dir = work / "jobs" / name
+        job_dir.mkdir(parents=True, exist_ok=True)
+        out.append((name, job_dir, Job(cache_dir=str(cache), compile_log=str(job_dir / "compiles.jsonl"),
+                                       capability=target.capability, sm_count=target.sm_count, mode=target.mode,
+                                       tasks=tasks, env=env, setup=setup)))
+    return out
+
+
+def _run_job(job_dir: Path, job: Job) -> dict:
+    path = job_dir / "job.json"
+    path.write_text(job.to_json())
+    with open(job_dir / "worker.log", "w", encoding="utf-8") as log:
+        done = subprocess.run([sys.executable, "-m", "kernelcache.exercise.worker", str(path)],
+                              stdout=log, stderr=subprocess.STDOUT, env=_worker_env())
+    result_file = job_dir / "job.json.result"
+    if not result_file.exists():
+        raise BuildFailed(f"exercise process for {job_dir.name} died (exit {done.returncode}); "
+                          f"see {job_dir / 'worker.log'}")
+    result = json.loads(result_file.read_text())
+    failed = [t for t in result["tasks"] if not t["ok"]]
+    if failed:
+        first = failed[0]
+        raise BuildFailed(f"{job_dir.name}: task {first['label']} failed: {first['error']} "
+                          f"(traceback in {result_file})")
+    return result
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("TRITON_CACHE_DIR", None)
+    env.pop("TRITON_CACHE_MANAGER", None)
+    return env
+
+
+def _exercise(plan, target: BuildTarget, work: Path, jobs: int, extra_tasks, progress) -> list[dict]:
+    units = _jobs(plan, target, work, jobs, extra_tasks)
+    done = 0
+    if progress:
+        progress(target.label, done, len(units))
+    results = []
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(_run_job, job_dir, job) for _, job_dir, job in units]
+        try:
+            for future in futures:
+                results.append(future.result())
+                done += 1
+                if progress:
+                    progress(target.label, done, len(units))
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+    return results
+
+
+# -- harvest and bundle ---------------------------------------------------------------------------
+
+
+def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, keep_ir: bool, extra_tasks,
+                  progress) -> TargetResult:
+    started = time.perf_counter()
+    results = _exercise(plan, target, work, jobs, extra_tasks, progress)
+    environment = _environment(results)
+    log = work / "compiles.jsonl"
+    records = []
+    with open(log, "w", encoding="utf-8") as handle:
+        for job_log in sorted(work.glob("jobs/*/compiles.jsonl")):
+            for record in listener.read(str(job_log)):
+                records.append(record)
+                handle.write(json.dumps(record) + "\n")
+    found = harvest(work / "cache", compile_log=str(log), keep_ir=keep_ir)
+    coverage = coverage_of(records)
+    missing = sorted({r["key"] for r in records} - {e.key for e in found.kernels})
+    if missing:
+        raise BuildFailed(f"{len(missing)} compiled kernel(s) are missing from the cache, e.g. {missing[0]}")
+    flashinfer = _flashinfer_modules(plan, target, work)
+    bundles = []
+    for profile in target.profiles:
+        name = f"{plan.name}-{target.arch}-{profile.name}.tar.zst"
+        build_info = Build(tool=f"kernelcache {__version__}", mode=target.mode, source_date_epoch=source_date_epoch(),
+                           keep_ir=keep_ir, plan=_plan_record(plan, target), coverage=coverage,
+                           skipped=tuple(found.skipped))
+        tgt = Target("cuda", target.arch, 32, gpu=profile.name, sm_count=target.sm_count)
+        bundles.append(make_bundle(out / name, found.entries, tgt, environment, build_info, flashinfer))
+    compiled = [r for r in records if not r["cache_hit"]]
+    return TargetResult(target, tuple(bundles), time.perf_counter() - started,
+                        sum((r.get("compile_us") or 0) for r in compiled) / 1e6, len(compiled), coverage,
+                        tuple(found.skipped))
+
+
+def _environment(results: list[dict]) -> Environment:
+    """The fingerprint the exercise processes themselves saw; they must all agree."""
+    seen = {json.dumps(r["environment"], sort_keys=True) for r in results if r.get("environment")}
+    if len(seen) != 1:
+        raise BuildFailed(f"the exercise processes reported {len(seen)} different Triton environments")
+    return Environment(**json.loads(seen.pop()))
+
+
+def _plan_record(plan: plan_file.BuildPlan, target: BuildTarget) -> dict:
+    record = plan.to_dict()
+    record["gpus"] = [p.name for p in target.profiles]
+    record["vocabs"] = [v.size for v in plan.vocabs]
+    return record
+
+
+def coverage_of(records: list[dict]) -> dict:
+    """Per kernel: how many distinct keys, and how many each path produced."""
+    keys: dict[str, set] = defaultdict(set)
+    by_path: dict[str, Counter] = defaultdict(Counter)
+    seen_pairs = set()
+    for r in records:
+        keys[r["name"]].add(r["key"])
+        pair = (r["name"], r["key"], r.get("task"))
+        if pair not in seen_pairs:
+            seen_pairs.add(pair)
+            by_path[r["name"]][r.get("task") or "?"] += 1
+    return {name: {"variants": len(keys[name]), "by_path": dict(sorted(by_path[name].items()))}
+            for name in sorted(keys)}
+
+
+def _flashinfer_modules(plan, target: BuildTarget, work: Path) -> tuple:
+    if "flashinfer" not in plan.paths:
+        return ()
+    try:
+        from .exercise import flashinfer as fi_build
+    except ImportError:
+        raise PathUnavailable("this kernelcache cannot build FlashInfer modules yet; drop 'flashinfer' from the "
+                              "paths (--path registry --path mrv1 --path mrv2)") from None
+    module, members = fi_build.build_for_target(target, work / "flashinfer")
+    return ((module, members),)
+
