@@ -14,3 +14,12 @@ pip install --upgrade pip >/dev/null
 # The serving stack (the user's in production): CPU torch and Triton, which cross-compiles for any NVIDIA arch.
 pip install "torch==$TORCH_VERSION" "triton==$TRITON_VERSION"
 pip install -e ".[test]"
+
+# vLLM 0.33.0's pure-Python sampler code, without its CUDA torch 2.14 pin (the build only imports the
+# sampler modules; shared/research/vllm-sampler.md §5). xgrammar without deps, or it pulls another triton.
+if [ "${KERNELCACHE_SETUP_VLLM:-1}" = 1 ] && ! "$VENV/bin/python" -c "import importlib.metadata as m; m.version('vllm')" 2>/dev/null; then
+  pip install --no-deps "vllm==${VLLM_VERSION:-0.33.0}" "xgrammar==0.2.8"
+  pip install packaging regex requests numpy psutil pyzmq pydantic cbor2 "transformers>=5.16.1,<5.21" aiohttp \
+    openai-harmony openai pillow pybase64 cachetools msgspec cloudpickle uvloop py-cpuinfo prometheus_client \
+    "fastapi<0.137" partial_json_parser "llguidance<1.8" "apache-tvm-ffi==0.1.11" tqdm
+fi

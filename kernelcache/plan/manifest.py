@@ -18,7 +18,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from ..errors import ManifestFileError
+from ..errors import ManifestFileError, UsageError
 from .gpus import PROFILES, GpuProfile
 
 PATHS = ("registry", "mrv1", "mrv2", "flashinfer")
@@ -72,7 +72,13 @@ class BuildPlan:
     def override(self, gpus: list[str] | None = None, vocabs: list[int] | None = None,
                  dtypes: list[str] | None = None, max_num_seqs: int | None = None,
                  paths: list[str] | None = None) -> BuildPlan:
-        """Command-line flags over the file, checked like the file."""
+        """Command-line flags over the file, checked like the file (a bad flag is a usage error)."""
+        try:
+            return self._override(gpus, vocabs, dtypes, max_num_seqs, paths)
+        except ManifestFileError as exc:
+            raise UsageError(str(exc)) from None
+
+    def _override(self, gpus, vocabs, dtypes, max_num_seqs, paths) -> BuildPlan:
         where = "command line"
         changes: dict[str, Any] = {}
         if gpus:

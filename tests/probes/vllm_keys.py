@@ -1,0 +1,99 @@
+"""Independent probe: the Triton keys vLLM 0.33's own code asks for, under the fake target.
+
+Written without kernelcache's exercise code (only its fake driver and fake CUDA tensors, "the same
+fake target"): its own minimal CUDA platform, vLLM's JitWarmupRegistry called directly, MRV1's
+Sampler on every batch size in a range, MRV2's seeded chain called directly. Prints one JSON line
+per compile() call: {"name", "key", "hit"}.
+
+    python vllm_keys.py CAPABILITY SM_COUNT VOCAB MAX_NUM_SEQS
+"""
+
+import json
+import os
+import sys
+
+capability, sm_count, vocab, max_num_seqs = map(int, sys.argv[1:5])
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+os.environ["TQDM_DISABLE"] = "1"
+
+import triton  # noqa: E402
+
+events = []
+
+
+def listener(*, src, metadata, metadata_group, times, cache_hit):
+    import base64
+
+    key = base64.b32encode(bytes.fromhex(metadata["hash"])).decode().rstrip("=")
+    events.append({"name": src.name, "key": key, "hit": cache_hit})
+
+
+triton.knobs.compilation.listener = listener
+from kernelcache.exercise import fake_target  # noqa: E402
+
+fake_target.activate(capability, sm_count, prebuild=False)
+
+import vllm.platforms  # noqa: E402
+from vllm.platforms.interface import Platform, PlatformEnum  # noqa: E402
+
+
+class ProbeCuda(Platform):
+    _enum = PlatformEnum.CUDA
+    device_name = device_type = "cuda"
+
+    @classmethod
+    def num_compute_units(cls, device_id=0):
+        return sm_count
+
+
+vllm.platforms._current_platform = ProbeCuda()
+
+import torch  # noqa: E402
+from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry  # noqa: E402
+from vllm.v1.sample.logits_processor import LogitsProcessors  # noqa: E402
+from vllm.v1.sample.metadata import SamplingMetadata  # noqa: E402
+from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p, register_top_k_top_p_warmups  # noqa: E402
+from vllm.v1.sample.sampler import Sampler  # noqa: E402
+from vllm.v1.worker.gpu.sample.gumbel import apply_temperature, gumbel_sample  # noqa: E402
+from vllm.v1.worker.gpu.sample.min_p import apply_min_p  # noqa: E402
+
+from kernelcache.exercise.fake_device import fake_cuda  # noqa: E402
+
+ns = __import__("types").SimpleNamespace
+config = ns(model_config=ns(get_vocab_size=lambda: vocab), scheduler_config=ns(max_num_seqs=max_num_seqs),
+            num_speculative_tokens=0)
+registry = JitWarmupRegistry(config)
+with registry.activate():
+    register_top_k_top_p_warmups()
+registry.warmup()
+
+batches = sorted(set(range(1, 70)) | {100, max_num_seqs})
+sampler = Sampler()
+with fake_cuda():
+    for b in batches:
+        for use_k, use_p in ((True, False), (False, True), (True, True)):
+            def full(v, b=b):
+                return torch.full((b,), v, device="cuda")
+            md = SamplingMetadata(
+                temperature=full(0.5), all_greedy=False, all_random=False, top_p=full(0.9) if use_p else None,
+                top_k=full(vocab - 1) if use_k else None, generators={0: torch.Generator().manual_seed(0)},
+                max_num_logprobs=None, logprob_token_ids=None, no_penalties=True, prompt_token_ids=None,
+                frequency_penalties=full(0.1), presence_penalties=full(0.1), repetition_penalties=full(0.1),
+                output_token_ids=[[] for _ in range(b)], spec_token_ids=[[] for _ in range(b)],
+                allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=LogitsProcessors())
+            sampler(logits=torch.empty((b, vocab), device="cuda"), sampling_metadata=md)
+            # MRV2 seeded: fp32 copy, temperature, min-p, top-k/top-p, Gumbel (v1/worker/gpu/sample/sampler.py)
+            logits = torch.empty((b, vocab), dtype=torch.float32, device="cuda")
+            idx = torch.arange(b, dtype=torch.int64, device="cuda")
+            temp = torch.full((max_num_seqs,), 0.7, dtype=torch.float32, device="cuda")
+            apply_temperature(logits, idx, temp)
+            apply_min_p(logits, idx, torch.full((max_num_seqs,), 0.1, dtype=torch.float32, device="cuda"))
+            k = torch.full((max_num_seqs,), 50, dtype=torch.int32, device="cuda")[idx] if use_k else None
+            p = torch.full((max_num_seqs,), 0.9, dtype=torch.float32, device="cuda")[idx] if use_p else None
+            logits = apply_top_k_top_p(logits, k, p, has_topp_only_rows=use_p and not use_k)
+            seeds = torch.full((max_num_seqs,), 7, dtype=torch.int64, device="cuda")
+            gumbel_sample(logits, idx, temp, seeds, torch.zeros(b, dtype=torch.int64, device="cuda"),
+                          apply_temperature=False, is_drafting=False)
+for e in events:
+    print(json.dumps(e))

@@ -1,0 +1,93 @@
+"""`kernelcache build` on the CPU: a cross build of vLLM 0.33's sampler for sm_90 and sm_100.
+
+The bundle's keys must equal, key for key, what vLLM's own registry and the seeded MRV1/MRV2 paths
+ask for under the same fake target -- computed independently by tests/probes/vllm_keys.py against
+the installed bundle (so every one of those calls must also be a disk hit).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, clean_env, kc
+
+from kernelcache.bundle import archive
+
+pytest.importorskip("vllm")
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+VOCAB, MAX_NUM_SEQS = 128256, 256
+REGISTRY = {"_topk_topp_kernel": 12, "_topp_sb_stats_kernel": 8, "_topp_sb_step_kernel": 16, "_topp_sb_mask_kernel": 8}
+
+
+@pytest.fixture(scope="module", params=[("sm_90", "h200", 132), ("sm_100", "b200", 148)], ids=["sm_90", "sm_100"])
+def cross_build(request, tmp_path_factory):
+    arch, gpu, sms = request.param
+    out = tmp_path_factory.mktemp(f"build-{arch}")
+    done = kc("build", "--arch", arch, "--gpu", gpu, "--vocab", str(VOCAB), "--dtype", "float32", "--path", "registry",
+              "--path", "mrv1", "--path", "mrv2", "--mode", "cross", "-o", str(out), "--json", check=True, timeout=1200)
+    result = json.loads(done.stdout)
+    bundle = Path(result[0]["bundles"][0]["path"])
+    return arch, gpu, sms, bundle, result[0]
+
+
+def test_build_lists_every_registry_variant(cross_build):
+    arch, gpu, sms, bundle, result = cross_build
+    data = json.loads(kc("inspect", str(bundle), "--json", check=True).stdout)
+    names = [k["name"] for k in data["kernels"]]
+    for kernel, count in REGISTRY.items():
+        assert names.count(kernel) == count, (kernel, names.count(kernel))
+    assert names.count("_gumbel_sample_kernel") >= 1
+    assert data["target"] == {"backend": "cuda", "arch": arch, "warp_size": 32, "gpu": gpu, "sm_count": sms}
+    assert data["environment"]["vllm"] == "0.33.0"
+    assert data["build"]["mode"] == "cross" and data["build"]["plan"]["vocabs"] == [VOCAB]
+    coverage = data["build"]["coverage"]
+    assert coverage["_topk_topp_kernel"]["by_path"]["registry"] == 12
+    assert 0 < coverage["_topk_topp_kernel"]["by_path"]["mrv1"] <= 12
+    assert {m["kind"] for m in data["modules"]} == {"launcher", "cuda_utils"}
+
+
+def test_keys_equal_what_vllm_itself_asks_for(cross_build, tmp_path):
+    arch, gpu, sms, bundle, _ = cross_build
+    cache = tmp_path / "installed"
+    kc("install", str(bundle), "--cache-dir", str(cache), check=True)
+    capability = arch.removeprefix("sm_")
+    probe = subprocess.run([sys.executable, str(ROOT / "tests" / "probes" / "vllm_keys.py"), capability, str(sms),
+                            str(VOCAB), str(MAX_NUM_SEQS)], capture_output=True, text=True, timeout=1200,
+                           env=clean_env(TRITON_CACHE_DIR=str(cache)))
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    events = [json.loads(line) for line in probe.stdout.splitlines() if line.startswith("{")]
+    bundled = {k.key for k in archive.read_manifest(bundle).kernels}
+    asked = {e["key"] for e in events}
+    assert asked == bundled, (sorted(asked - bundled), sorted(bundled - asked))
+    assert all(e["hit"] for e in events), [e for e in events if not e["hit"]][:3]
+
+
+def test_cubins_are_elf_for_the_target(cross_build, tmp_path):
+    arch, _, _, bundle, _ = cross_build
+    import triton
+
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    cubins = [(name, data) for _, name, data in archive.iter_members(bundle) if name.endswith(".cubin")]
+    assert cubins
+    for name, data in cubins[:6]:
+        assert data[:4] == b"\x7fELF"
+        path = tmp_path / Path(name).name
+        path.write_bytes(data)
+        listing = subprocess.run([str(cuobjdump), "-lelf", str(path)], capture_output=True, text=True).stdout
+        assert f".{arch}a.cubin" in listing, listing
+
+
+def test_missing_path_is_named(tmp_path):
+    stub = tmp_path / "site" / "vllm"
+    (stub / "v1" / "sample").mkdir(parents=True)
+    for init in (stub, stub / "v1", stub / "v1" / "sample"):
+        (init / "__init__.py").write_text("")
+    (stub / "v1" / "sample" / "sampler.py").write_text("")
+    done = kc("build", "--arch", "sm_90", "--gpu", "h200", "--path", "mrv2",
+              env={"PYTHONPATH": str(tmp_path / "site")})
+    assert done.returncode == 31 and "'mrv2' path" in done.stderr and "gumbel" in done.stderr
