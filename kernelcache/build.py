@@ -23,7 +23,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import __version__
@@ -192,9 +192,8 @@ def vocab_tasks(plan: plan_file.BuildPlan, target: BuildTarget, vocab: int) -> t
     return tuple(tasks)
 
 
-def _jobs(plan: plan_file.BuildPlan, target: BuildTarget, work: Path, jobs: int,
+def _jobs(plan: plan_file.BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: int,
           extra_tasks: tuple[Task, ...]) -> list[tuple[str, Path, Job]]:
-    cache = work / "cache"
     threads = str(max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(plan.vocabs)))))
     env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_TRITON_JIT_WARMUP_NUM_THREADS": threads,
            "TQDM_DISABLE": "1"}
@@ -244,8 +243,21 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def _exercise(plan, target: BuildTarget, work: Path, jobs: int, extra_tasks, progress) -> list[dict]:
-    units = _jobs(plan, target, work, jobs, extra_tasks)
+def exercise(plan: plan_file.BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: int,
+             extra_tasks: tuple[Task, ...] = (), progress=None) -> tuple[list[dict], list[dict]]:
+    """Run the plan's paths for one target into ``cache``; returns worker results and the compile log."""
+    results = _run_jobs(_jobs(plan, target, work, cache, jobs, extra_tasks), target, jobs, progress)
+    log = work / "compiles.jsonl"
+    records = []
+    with open(log, "w", encoding="utf-8") as handle:
+        for job_log in sorted(work.glob("jobs/*/compiles.jsonl")):
+            for record in listener.read(str(job_log)):
+                records.append(record)
+                handle.write(json.dumps(record) + "\n")
+    return results, records
+
+
+def _run_jobs(units, target: BuildTarget, jobs: int, progress) -> list[dict]:
     done = 0
     if progress:
         progress(target.label, done, len(units))
@@ -271,16 +283,10 @@ def _exercise(plan, target: BuildTarget, work: Path, jobs: int, extra_tasks, pro
 def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, keep_ir: bool, extra_tasks,
                   progress) -> TargetResult:
     started = time.perf_counter()
-    results = _exercise(plan, target, work, jobs, extra_tasks, progress)
+    results, log_records = exercise(plan, target, work, work / "cache", jobs, extra_tasks, progress)
     environment = _environment(results)
-    log = work / "compiles.jsonl"
-    records = []
-    with open(log, "w", encoding="utf-8") as handle:
-        for job_log in sorted(work.glob("jobs/*/compiles.jsonl")):
-            for record in listener.read(str(job_log)):
-                records.append(record)
-                handle.write(json.dumps(record) + "\n")
-    found = harvest(work / "cache", compile_log=str(log), keep_ir=keep_ir)
+    records = listener.compiles(log_records)
+    found = harvest(work / "cache", compile_log=str(work / "compiles.jsonl"), keep_ir=keep_ir)
     coverage = coverage_of(records)
     missing = sorted({r["key"] for r in records} - {e.key for e in found.kernels})
     if missing:
@@ -309,10 +315,8 @@ def _environment(results: list[dict]) -> Environment:
 
 
 def _plan_record(plan: plan_file.BuildPlan, target: BuildTarget) -> dict:
-    record = plan.to_dict()
-    record["gpus"] = [p.name for p in target.profiles]
-    record["vocabs"] = [v.size for v in plan.vocabs]
-    return record
+    """The plan as this target ran it (its own profiles): ``verify`` replays it from the manifest."""
+    return {**plan.to_dict(), "gpus": [asdict(p) for p in target.profiles]}
 
 
 def coverage_of(records: list[dict]) -> dict:

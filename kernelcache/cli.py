@@ -246,3 +246,54 @@ def gpus() -> None:
     for p in PROFILES.values():
         table.add_row(p.name, p.arch, str(p.sm_count), p.product)
     out.print(table)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Bundle to write.")
+@click.option("--keep-ir", is_flag=True, help="Also keep the IR files.")
+@click.option("--arch", default=None, help="Pack only kernels for this arch.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def capture(output: str, keep_ir: bool, arch: str | None, command: tuple[str, ...]) -> None:
+    """Run COMMAND with a fresh Triton cache and pack what it compiled: kernelcache capture -o b.tar.zst -- CMD"""
+    from .bundle.inspect import human_size
+    from .exercise.capture import capture as do_capture
+
+    result = do_capture(list(command), output, keep_ir=keep_ir, arch=arch)
+    out.print(f"captured {len(result.manifest.kernels)} kernels, {len(result.manifest.modules)} modules into "
+              f"{result.path} ({human_size(result.path.stat().st_size)})")
+
+
+@main.command()
+@click.argument("bundle", required=False, type=click.Path(exists=True, dir_okay=False))
+@cache_dir_option
+@click.option("--manifest", "manifest_file", type=click.Path(dir_okay=False), default=None,
+              help="Exercise this build manifest instead of the plan recorded in the bundle.")
+@click.option("--gpu", "gpus", multiple=True)
+@click.option("--vocab", "vocabs", multiple=True, type=int)
+@click.option("--dtype", "dtypes", multiple=True)
+@click.option("--max-num-seqs", type=int, default=None)
+@click.option("--path", "paths", multiple=True)
+@click.option("--mode", type=click.Choice(["auto", "cross", "native"]), default="auto", show_default=True)
+@click.option("--jobs", type=int, default=None)
+@click.option("--json", "as_json", is_flag=True)
+def verify(bundle, cache_dir, manifest_file, gpus, vocabs, dtypes, max_num_seqs, paths, mode, jobs, as_json) -> None:
+    """Run the bundle's vLLM paths against the installed cache; exit non-zero on any compile."""
+    from .errors import CompilesDetected
+    from .verify import verify as do_verify
+
+    report = do_verify(bundle, cache_dir, manifest_file, list(gpus) or None, list(vocabs) or None,
+                       list(dtypes) or None, max_num_seqs, list(paths) or None, mode, jobs)
+    if as_json:
+        _json(report.to_dict())
+    else:
+        table = Table(title=f"verify {report.cache_dir} ({report.arch}, {report.mode})", title_justify="left")
+        for column in ("kernel", "calls", "hits", "compiles"):
+            table.add_column(column, justify="right" if column != "kernel" else "left")
+        for k in report.kernels:
+            table.add_row(k.name, str(k.calls), str(k.hits), f"[red]{k.compiles}[/red]" if k.compiles else "0")
+        out.print(table)
+        out.print(f"{report.hits} hits, {report.compiles} compiles, {len(report.gcc_builds)} gcc builds, "
+                  f"{len(report.files_written)} files written in {report.seconds:.1f}s")
+    if not report.ok:
+        raise CompilesDetected(f"{report.compiles} compile(s), {len(report.gcc_builds)} gcc build(s), "
+                               f"{len(report.files_written)} new file(s) in {report.cache_dir}")

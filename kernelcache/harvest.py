@@ -63,7 +63,7 @@ class Harvest:
 
 def harvest(cache_dir: str | os.PathLike, compile_log: str | None = None, keep_ir: bool = False) -> Harvest:
     root = Path(cache_dir)
-    records = {r["key"]: r for r in listener.read(compile_log)} if compile_log else {}
+    records = {r["key"]: r for r in listener.compiles(listener.read(compile_log))} if compile_log else {}
     result = Harvest()
     for name in sorted(os.listdir(root)):
         path = root / name

@@ -44,7 +44,7 @@ def test_build_lists_every_registry_variant(cross_build):
     assert names.count("_gumbel_sample_kernel") >= 1
     assert data["target"] == {"backend": "cuda", "arch": arch, "warp_size": 32, "gpu": gpu, "sm_count": sms}
     assert data["environment"]["vllm"] == "0.33.0"
-    assert data["build"]["mode"] == "cross" and data["build"]["plan"]["vocabs"] == [VOCAB]
+    assert data["build"]["mode"] == "cross" and [v["size"] for v in data["build"]["plan"]["vocabs"]] == [VOCAB]
     coverage = data["build"]["coverage"]
     assert coverage["_topk_topp_kernel"]["by_path"]["registry"] == 12
     assert 0 < coverage["_topk_topp_kernel"]["by_path"]["mrv1"] <= 12
@@ -91,3 +91,24 @@ def test_missing_path_is_named(tmp_path):
     done = kc("build", "--arch", "sm_90", "--gpu", "h200", "--path", "mrv2",
               env={"PYTHONPATH": str(tmp_path / "site")})
     assert done.returncode == 31 and "'mrv2' path" in done.stderr and "gumbel" in done.stderr
+
+
+def test_verify_counts_hits_and_fails_on_a_missing_kernel(cross_build, tmp_path):
+    arch, _, _, bundle, _ = cross_build
+    if arch != "sm_90":
+        pytest.skip("verify is checked on one arch; the other adds only time")
+    report = json.loads(kc("verify", str(bundle), "--json", check=True).stdout)
+    assert report["ok"] and report["compiles"] == 0 and report["hits"] > 40 and report["mode"] == "cross"
+    assert report["gcc_builds"] == [] and report["files_written"] == []
+
+    cache = tmp_path / "c"
+    kc("install", str(bundle), "--cache-dir", str(cache), check=True)
+    gumbel = next(k for k in archive.read_manifest(bundle).kernels if k.name == "_gumbel_sample_kernel")
+    import shutil
+
+    shutil.rmtree(cache / gumbel.key)
+    done = kc("verify", "--cache-dir", str(cache), "--json")
+    report = json.loads(done.stdout)
+    assert done.returncode == 50 and not report["ok"]
+    assert report["compiles"] >= 1 and any(gumbel.key in f for f in report["files_written"])
+    assert {k["name"]: k["compiles"] for k in report["kernels"]}["_gumbel_sample_kernel"] >= 1

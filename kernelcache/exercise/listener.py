@@ -34,6 +34,7 @@ def event(src: Any, metadata: dict, cache_hit: bool, times: Any) -> dict:
     constants = getattr(src, "constants", {}) or {}
     attrs = getattr(src, "attrs", {}) or {}
     return {
+        "event": "compile",
         "name": getattr(src, "name", None) or metadata.get("name"),
         "key": base32_key(metadata["hash"]),
         "cache_hit": bool(cache_hit),
@@ -71,6 +72,24 @@ def install(path: str | None = None, also: Callable[[dict], None] | None = None)
     return listener
 
 
+def count_builds(path: str | None = None) -> None:
+    """Log every gcc build of a Triton helper module (launchers, cuda_utils): a cache miss too."""
+    from triton.runtime import build
+
+    target = path or os.environ.get(LOG_ENV)
+    original = build._build
+
+    def counted(name, src, srcdir, *args, **kwargs):
+        started = time.perf_counter()
+        so = original(name, src, srcdir, *args, **kwargs)
+        if target:
+            append(target, {"event": "gcc", "name": name, "seconds": time.perf_counter() - started,
+                            "pid": os.getpid(), "time": time.time(), "task": os.environ.get("KERNELCACHE_TASK")})
+        return so
+
+    build._build = counted
+
+
 def append(path: str, record: dict) -> None:
     line = (json.dumps(record, default=str) + "\n").encode()
     with _lock:
@@ -79,6 +98,11 @@ def append(path: str, record: dict) -> None:
             os.write(fd, line)
         finally:
             os.close(fd)
+
+
+def compiles(records: list[dict]) -> list[dict]:
+    """Only the compile() records of a log (not the gcc builds)."""
+    return [r for r in records if r.get("event", "compile") == "compile" and "key" in r]
 
 
 def read(path: str) -> list[dict]:

@@ -149,7 +149,7 @@ def mrv1(vocab: int, modes: list[str], batch_sizes: list[int] | None = None, max
         for batch in batch_sizes:
             for mode in modes:
                 use_k, use_p = MODES[mode]
-                logits = torch.empty((batch, vocab), dtype=torch.float32, device="cuda")
+                logits = torch.randn((batch, vocab), dtype=torch.float32, device="cuda")
                 metadata = _mrv1_metadata(batch, vocab, use_k, use_p)
                 for with_seed in ([True] if seeded else []) + ([False] if unseeded else []):
                     generators = {0: _generator(seed=0)} if with_seed else {}
@@ -264,5 +264,5 @@ def _model_logits(batch: int, vocab: int, dtype) -> Any:
     import torch
 
     padded = -(-vocab // VOCAB_PADDING) * VOCAB_PADDING
-    logits = torch.empty((batch, padded), dtype=dtype, device="cuda")
+    logits = torch.randn((batch, padded), dtype=dtype, device="cuda")
     return logits[:, :vocab]

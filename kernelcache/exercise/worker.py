@@ -64,6 +64,7 @@ def main(path: str) -> int:
     from . import listener
 
     listener.install(job.compile_log)
+    listener.count_builds(job.compile_log)
     _track_functions(functions)
     if job.mode == "cross":
         from . import fake_target
@@ -95,7 +96,7 @@ def _between_tasks(job: Job, functions: set) -> int:
     """Build the launchers of what the task compiled, then forget the in-memory kernels, so the next
     task's launches go through ``compile()`` again (disk hits) and the log attributes them to it."""
     count = 0
-    if job.prebuild and job.mode == "cross":
+    if job.prebuild:  # native mode: the real driver builds and loads them, as at first launch
         from . import fake_target
 
         count = fake_target.prebuild_launchers(functions)
