@@ -13,6 +13,7 @@ import sys
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from . import __version__
 from .errors import FingerprintMismatch, KernelcacheError
@@ -42,7 +43,7 @@ def _differences_table(rows: list[tuple[str, str, str]]) -> None:
     for column in ("field", "bundle", "here"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # plain text: "ptxas[sm_90]" is not markup
     err.print(table)
 
 
