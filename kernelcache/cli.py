@@ -115,7 +115,8 @@ def inspect(bundle: str, as_json: bool) -> None:
     modules = ", ".join(f"{n} {kind}" for kind, n in sorted(info.module_counts.items())) or "none"
     out.print(f"prebuilt modules: {modules}")
     for fi in m.flashinfer:
-        out.print(f"flashinfer module {fi.name}: flashinfer {fi.version}, CUDA {fi.cuda}, {' '.join(fi.archs)}")
+        out.print(f"flashinfer module {fi.name}: flashinfer {fi.version}, CUDA {fi.cuda}, {' '.join(fi.archs)}, "
+                  f"tvm-ffi {fi.tvm_ffi}")
 
 
 @main.command()

@@ -92,12 +92,20 @@ def test_native_mode_takes_the_module_a_jit_dir_holds(sampling90, tmp_path):
         harvest_sampling(other)
     with pytest.raises(UsageError, match="holds no sampling"):
         harvest_sampling(tmp_path)
+    debug = tmp_path / "debug" / module.version / "90a" / "cached_ops"
+    shutil.copytree(jit_dir / "sampling", debug / "sampling")
+    ninja = debug / "sampling" / "build.ninja"
+    ninja.write_text(ninja.read_text().replace("-O3", "-O0 -g --device-debug"))
+    with pytest.raises(UsageError, match="debug build"):
+        harvest_sampling(debug)
 
 
 def test_build_failure_is_one_line_naming_the_log(tmp_path):
     require_flashinfer()
     with pytest.raises(BuildFailed, match=r"sm75 or higher.*full log: .*flashinfer-build\.log"):
         build_sampling("sm_70", tmp_path)
+    with pytest.raises(UsageError, match="not a CUDA arch"):
+        build_sampling("gfx90a", tmp_path)
 
 
 def test_missing_toolchain_names_the_fix(tmp_path):

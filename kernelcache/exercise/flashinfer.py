@@ -30,12 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..bundle.fingerprint import package_version
-from ..bundle.manifest import FlashInferModule, arch_to_capability
+from ..bundle.manifest import FLASHINFER_ROOT, FlashInferModule, arch_to_capability
 from ..errors import BuildFailed, MissingDependency, StorageError, UsageError
 from ..harvest import Member
 
 MODULE = "sampling"
-MEMBER_ROOT = "flashinfer"
 # The CUDA 13.0 set measured to build sampling (flashinfer-cache.md §3.2); nvcc, crt and runtime
 # must share one CUDA version. cuobjdump is only on PyPI from 13.2; it reads 13.0 fatbins.
 CUDA_VERSION = "13.0.88"
@@ -165,7 +164,10 @@ def _add_link_shims(root: Path) -> None:
 
 def arch_list(arch: str) -> str:
     """``sm_90`` -> ``9.0``: the ``FLASHINFER_CUDA_ARCH_LIST`` entry; FlashInfer adds the a/f suffix."""
-    capability = arch_to_capability(arch)
+    try:
+        capability = arch_to_capability(arch)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     return f"{capability // 10}.{capability % 10}"
 
 
@@ -174,11 +176,14 @@ def build_sampling(arch: str, workdir: Path, jobs: int = 2,
     """Build the installed FlashInfer's ``sampling`` module for ``arch`` (``sm_90``) without a GPU."""
     if package_version("flashinfer-python") is None:
         raise MissingDependency("flashinfer-python is not installed here; install the serving image's version")
+    arch_list(arch)  # a bad name fails here, before anything runs
     tools = toolchain or find_toolchain()
     workdir = Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     report = _run_build_child(arch, workdir, jobs, tools)
     archs = tuple(report["archs"])
+    if {arch_to_capability(a) for a in archs} != {arch_to_capability(arch)}:
+        raise BuildFailed(f"FlashInfer built {MODULE} for {', '.join(archs) or 'no arch'}, not {arch}")
     data = _checked_library(Path(report["library"]), archs, tools.cuobjdump)
     module = FlashInferModule(name=MODULE, version=report["version"], cuda=tools.cuda, archs=archs,
                               tvm_ffi=report["tvm_ffi"], files=())
@@ -201,7 +206,10 @@ def harvest_sampling(jit_dir: Path, arch: str | None = None) -> tuple[FlashInfer
         raise UsageError(f"{jit_dir} was built by flashinfer {version}, but flashinfer {installed} is installed")
     if arch is not None and arch_to_capability(arch) not in {arch_to_capability(a) for a in archs}:
         raise UsageError(f"{jit_dir} holds a {MODULE} module for {', '.join(archs)}, not {arch}")
-    cuda, cuobjdump = _cuda_of_jit_build(jit_dir / MODULE / "build.ninja", library)
+    ninja_file = jit_dir / MODULE / "build.ninja"
+    if ninja_file.is_file() and "--device-debug" in ninja_file.read_text():
+        raise UsageError(f"{jit_dir} holds a debug build (FLASHINFER_JIT_DEBUG); rebuild without it")
+    cuda, cuobjdump = _cuda_of_jit_build(ninja_file, library)
     data = _checked_library(library, archs, cuobjdump)
     module = FlashInferModule(name=MODULE, version=version, cuda=cuda, archs=archs,
                               tvm_ffi=package_version("apache-tvm-ffi"), files=())
@@ -212,7 +220,7 @@ def member_path(module: FlashInferModule, data: bytes) -> str:
     """``flashinfer/0.7.2.post1-90a-<sha12>/sampling/sampling.so`` (4 components, the archive limit)."""
     tag = "_".join(a.removeprefix("sm") for a in module.archs)
     digest = hashlib.sha256(data).hexdigest()[:12]
-    return f"{MEMBER_ROOT}/{module.version}-{tag}-{digest}/{module.name}/{module.name}.so"
+    return f"{FLASHINFER_ROOT}/{module.version}-{tag}-{digest}/{module.name}/{module.name}.so"
 
 
 def cubin_archs(library: Path, cuobjdump: Path) -> tuple[list[str], list[str]]:

@@ -33,13 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..bundle.fingerprint import package_version
-from ..bundle.manifest import FlashInferModule, Manifest
+from ..bundle.manifest import FLASHINFER_ROOT, FlashInferModule, Manifest
 from ..errors import BundleManifestError, FingerprintMismatch, IntegrityError, StorageError
 from ..install import STATE_DIR, receipts
 
 PROVIDER_GROUP = "flashinfer.jit_cache.providers"
 SITE_DIR = "flashinfer"  # under <cache>/.kernelcache/
-MEMBER_ROOT = "flashinfer"  # bundle members: flashinfer/<version>-<archs>-<sha12>/<name>/<name>.so
 SHIM_PACKAGE = "flashinfer_jit_cache"
 _SHIM_SOURCE = Path(__file__).with_name("flashinfer_shim.py")
 
@@ -104,8 +103,8 @@ def _checked_dirs(root: Path, module: FlashInferModule) -> list[Path]:
     dirs = []
     for record in module.files:
         parts = record.path.split("/")
-        if len(parts) != 4 or parts[0] != MEMBER_ROOT or parts[2] != module.name or parts[3] != f"{module.name}.so":
-            raise BundleManifestError(f"FlashInfer module file {record.path!r} is not {MEMBER_ROOT}/<dir>/"
+        if len(parts) != 4 or parts[0] != FLASHINFER_ROOT or parts[2] != module.name or parts[3] != f"{module.name}.so":
+            raise BundleManifestError(f"FlashInfer module file {record.path!r} is not {FLASHINFER_ROOT}/<dir>/"
                                       f"{module.name}/{module.name}.so")
         path = root.joinpath(*parts)
         try:
