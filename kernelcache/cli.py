@@ -13,6 +13,7 @@ import sys
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from . import __version__
 from .errors import FingerprintMismatch, KernelcacheError
@@ -42,7 +43,7 @@ def _differences_table(rows: list[tuple[str, str, str]]) -> None:
     for column in ("field", "bundle", "here"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # plain text: "ptxas[sm_90]" is not markup
     err.print(table)
 
 
@@ -114,7 +115,8 @@ def inspect(bundle: str, as_json: bool) -> None:
     modules = ", ".join(f"{n} {kind}" for kind, n in sorted(info.module_counts.items())) or "none"
     out.print(f"prebuilt modules: {modules}")
     for fi in m.flashinfer:
-        out.print(f"flashinfer module {fi.name}: flashinfer {fi.version}, CUDA {fi.cuda}, {' '.join(fi.archs)}")
+        out.print(f"flashinfer module {fi.name}: flashinfer {fi.version}, CUDA {fi.cuda}, {' '.join(fi.archs)}, "
+                  f"tvm-ffi {fi.tvm_ffi}")
 
 
 @main.command()

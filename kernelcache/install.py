@@ -106,6 +106,8 @@ class InstallPlan:
                     return InstallResult(self.cache_dir, self.digest, "already-installed",
                                          seconds=time.perf_counter() - started, warnings=warnings)
                 written, present = _install_locked(self, state)
+                if self.manifest.flashinfer:
+                    _write_flashinfer_loader(self.cache_dir)
         except Timeout:
             waited = f"timed out after {LOCK_TIMEOUT:.0f}s waiting for the lock on {self.cache_dir}"
             raise StorageError(waited) from None
@@ -230,6 +232,13 @@ def _install_locked(plan: InstallPlan, state: Path) -> tuple[int, int]:
     _log(state, {"event": "extracted", "digest": plan.digest, "pid": os.getpid(), "written": written,
                  "present": present, "time": time.time()})
     return written, present
+
+
+def _write_flashinfer_loader(cache_dir: Path) -> None:
+    """Generate FlashInfer's provider registration now, while the cache dir is writable."""
+    from .runtime.flashinfer import write_site  # lazy: runtime code that must run at install time
+
+    write_site(cache_dir)
 
 
 def _relocate_groups(manifest: Manifest, staging: Path, cache_dir: Path) -> None:

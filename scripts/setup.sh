@@ -23,3 +23,14 @@ if [ "${KERNELCACHE_SETUP_VLLM:-1}" = 1 ] && ! "$VENV/bin/python" -c "import imp
     openai-harmony openai pillow pybase64 cachetools msgspec cloudpickle uvloop py-cpuinfo prometheus_client \
     "fastapi<0.137" partial_json_parser "llguidance<1.8" "apache-tvm-ffi==0.1.11" tqdm
 fi
+
+# FlashInfer (vLLM 0.33 pins 0.7.2.post1) and the pip CUDA 13.0 toolchain that builds its sampling module.
+# On by default (KERNELCACHE_SETUP_FLASHINFER=0 skips it). flashinfer-python goes in with --no-deps plus only what
+# `import flashinfer.sampling` needs, so pip never swaps the torch above for a CUDA one. The CUDA wheels go
+# into a directory of their own (kernelcache/exercise/flashinfer.py: setup_toolchain), through pip's cache.
+if [ "${KERNELCACHE_SETUP_FLASHINFER:-1}" = 1 ]; then
+  FLASHINFER_VERSION=${FLASHINFER_VERSION:-0.7.2.post1}
+  pip install --no-deps "flashinfer-python==$FLASHINFER_VERSION" "apache-tvm-ffi==0.1.11" \
+    numpy nvidia-ml-py tqdm requests urllib3 idna certifi charset-normalizer
+  "$VENV/bin/python" -c "from kernelcache.exercise.flashinfer import setup_toolchain; setup_toolchain()"
+fi

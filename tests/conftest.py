@@ -1,4 +1,5 @@
-"""Shared fixtures: real Triton compiles for a fake target in fresh subprocesses, real bundles."""
+"""Shared fixtures: real Triton compiles for a fake target in fresh subprocesses, real bundles,
+and one real build of FlashInfer's sampling module with pip's nvcc (``sampling90``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ TESTKERNELS = Task("kernelcache.exercise.testkernels:run", label="testkernels")
 def clean_env(**extra: str) -> dict[str, str]:
     """The test process's environment without Triton/kernelcache settings, plus ``extra``."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TRITON_", "KERNELCACHE_")) and k not in ("PTXAS_OPTIONS",)}
+           if not k.startswith(("TRITON_", "KERNELCACHE_", "FLASHINFER_")) and k not in ("PTXAS_OPTIONS",)}
     env.update(extra)
     return env
 
@@ -75,3 +76,20 @@ def bundle90(built, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bundles") / "test-sm_90.tar.zst"
     kc("pack", str(cache), "-o", str(out), "--compile-log", str(log), check=True)
     return out
+
+
+@pytest.fixture(scope="session")
+def sampling90(tmp_path_factory):
+    """FlashInfer's sampling module really built for sm_90 (about 100 s on 2 cores): (module, members, workdir).
+
+    Every FlashInfer test reuses this one build. KERNELCACHE_TEST_FLASHINFER_WORKDIR keeps the
+    build dir between runs while developing (ninja then finds nothing to do); CI leaves it unset.
+    """
+    from flashinfer_helpers import require_flashinfer
+
+    require_flashinfer()
+    from kernelcache.exercise.flashinfer import build_sampling
+
+    workdir = Path(os.environ.get("KERNELCACHE_TEST_FLASHINFER_WORKDIR") or tmp_path_factory.mktemp("fi-build90"))
+    module, members = build_sampling("sm_90", workdir, jobs=2)
+    return module, members, workdir

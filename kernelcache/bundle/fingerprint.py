@@ -101,22 +101,70 @@ def compare(manifest: Manifest, local: Environment) -> list[Difference]:
         if want != have:
             diffs.append(Difference(name, _show(want), _show(have), blocking, why))
 
-    check("python", b.python, here.python, why="each CPython minor ships its own libtriton.so")
-    check("platform", b.platform, here.platform, why="launchers are native code")
-    check("triton", b.triton, here.triton)
-    check("triton_key_sha256", b.triton_key_sha256, here.triton_key_sha256, why="a different Triton build")
-    for arch, text in sorted(b.ptxas.items()):
-        theirs = here.ptxas.get(arch)
-        if text != theirs:
-            want, have = _first_difference(text, theirs)
-            diffs.append(Difference(f"ptxas[{arch}]", want, have, True, "ptxas --version is in backend.hash()"))
-    check("env_vars", b.env_vars, here.env_vars, why="cache-invalidating variables set here differ")
-    if b.vllm and here.vllm:
-        check("vllm", b.vllm, here.vllm, why="kernel sources differ between vLLM releases")
-    if manifest.flashinfer and here.flashinfer:
-        check("flashinfer", b.flashinfer, here.flashinfer, why="FlashInfer loads modules of its own version only")
+    check("platform", b.platform, here.platform, why="launchers and FlashInfer modules are native code")
+    if manifest.kernels or manifest.modules:  # a FlashInfer-only bundle does not depend on Triton
+        check("python", b.python, here.python, why="each CPython minor ships its own libtriton.so")
+        check("triton", b.triton, here.triton)
+        check("triton_key_sha256", b.triton_key_sha256, here.triton_key_sha256, why="a different Triton build")
+        for arch, text in sorted(b.ptxas.items()):
+            theirs = here.ptxas.get(arch)
+            if text != theirs:
+                want, have = _first_difference(text, theirs)
+                diffs.append(Difference(f"ptxas[{arch}]", want, have, True, "ptxas --version is in backend.hash()"))
+        check("env_vars", b.env_vars, here.env_vars, why="cache-invalidating variables set here differ")
+        if b.vllm and here.vllm:
+            check("vllm", b.vllm, here.vllm, why="kernel sources differ between vLLM releases")
+    diffs += compare_flashinfer(manifest, here.flashinfer, here.torch, package_version("apache-tvm-ffi"))
     check("torch", b.torch, here.torch, blocking=False, why="not part of any Triton cache key")
     return diffs
+
+
+def compare_flashinfer(manifest: Manifest, flashinfer: str | None, torch: str | None,
+                       tvm_ffi: str | None) -> list[Difference]:
+    """What FlashInfer does not check before loading a bundled module, against the versions here.
+
+    Its provider lookup checks the FlashInfer version and the GPU arch at run time; it does not
+    check the CUDA major (the module needs ``libcudart.so.<major>``, which torch brings), the tvm-ffi
+    C ABI it links against, or that the module suits the bundle's target. A version mismatch is
+    refused here too, at install, rather than as a failed load in every worker.
+    """
+    diffs = []
+    torch_cuda = _torch_cuda_major(torch)
+    for m in manifest.flashinfer:
+        name = f"flashinfer[{m.name}]"
+        if flashinfer is None:
+            diffs.append(Difference(name, m.version, _show(None), False, "nothing here would load this module"))
+            continue
+        if m.version != flashinfer:
+            diffs.append(Difference(name, m.version, flashinfer, True,
+                                    "FlashInfer loads modules of its own version only"))
+        if manifest.target.capability not in {_capability(a) for a in m.archs}:
+            diffs.append(Difference(f"{name}.archs", " ".join(m.archs), manifest.target.arch, True,
+                                    "the module has no code for the bundle's target"))
+        major = m.cuda.split(".")[0]
+        if torch_cuda is not None and major != torch_cuda:
+            diffs.append(Difference(f"{name}.cuda", m.cuda, f"torch {torch}", True,
+                                    f"the module needs libcudart.so.{major}, this torch ships CUDA {torch_cuda}"))
+        if m.tvm_ffi and tvm_ffi and m.tvm_ffi != tvm_ffi:
+            same_minor = m.tvm_ffi.split(".")[:2] == tvm_ffi.split(".")[:2]
+            diffs.append(Difference(f"{name}.tvm_ffi", m.tvm_ffi, tvm_ffi, not same_minor,
+                                    "the module links against apache-tvm-ffi's C ABI"))
+    return diffs
+
+
+def _torch_cuda_major(torch: str | None) -> str | None:
+    """"13" for torch "2.11.0+cu130" (the wheel's local tag); None when the version does not say."""
+    local = (torch or "").partition("+")[2]
+    if not (local.startswith("cu") and local[2:].isdigit() and len(local) >= 4):
+        return None
+    return local[2:-1]
+
+
+def _capability(arch: str) -> int | None:
+    try:
+        return arch_to_capability(arch)
+    except ValueError:
+        return None
 
 
 def compare_gpu(target: Target, gpus: list) -> list[Difference]:

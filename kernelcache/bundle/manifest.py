@@ -88,6 +88,9 @@ class Module:
     files: tuple[FileRecord, ...]
 
 
+FLASHINFER_ROOT = "flashinfer"  # members: flashinfer/<version>-<archs>-<sha12>/<name>/<name>.so (docs/FLASHINFER.md)
+
+
 @dataclass(frozen=True)
 class FlashInferModule:
     name: str  # "sampling"

@@ -2,6 +2,8 @@
 
 Everything is carried by environment variables, so it reaches vLLM's engine and worker
 processes: vLLM keeps a ``TRITON_CACHE_DIR`` that is set before it starts (vllm-sampler.md §4).
+When the cache holds FlashInfer modules, runtime/flashinfer.py adds PYTHONPATH (its provider
+registration) and ``FLASHINFER_DISABLE_JIT=1``.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from pathlib import Path
 
 from ..errors import AlreadyActivated, UsageError
 from ..install import InstallResult, install, recover, resolve_cache_dir
+from . import flashinfer
 
 
 def environment(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
     """The variables that make Triton and FlashInfer use the installed cache at ``cache_dir``."""
     root = resolve_cache_dir(cache_dir)
     variables = {"TRITON_CACHE_DIR": str(root)}
+    variables.update(flashinfer.environment(root))
     return variables
 
 
@@ -53,7 +57,10 @@ def activate(bundle_or_dir: str | os.PathLike | None = None, cache_dir: str | os
         cache_dir = bundle_or_dir
     _, variables = prepare(bundle, cache_dir, force)
     _refuse_if_pinned(variables["TRITON_CACHE_DIR"])
+    if "PYTHONPATH" in variables:
+        _refuse_if_flashinfer_loaded()
     os.environ.update(variables)
+    _extend_sys_path(variables.get("PYTHONPATH", ""))
     return variables
 
 
@@ -70,6 +77,24 @@ def run(command: Sequence[str], bundle: str | os.PathLike | None = None,
         os.execvpe(command[0], list(command), env)
     except FileNotFoundError:
         raise UsageError(f"command not found: {command[0]}") from None
+
+
+def _extend_sys_path(pythonpath: str) -> None:
+    """PYTHONPATH reaches child processes; this process needs the same entries in sys.path."""
+    import importlib
+
+    new = [p for p in pythonpath.split(os.pathsep) if p and p not in sys.path]
+    sys.path[0:0] = new
+    if new:
+        importlib.invalidate_caches()
+
+
+def _refuse_if_flashinfer_loaded() -> None:
+    if "flashinfer.jit.env" in sys.modules:
+        raise AlreadyActivated(
+            "flashinfer is already imported in this process and has fixed its prebuilt-module providers; "
+            "call kernelcache.activate() before importing flashinfer or vllm"
+        )
 
 
 def _refuse_if_pinned(wanted: str) -> None:
