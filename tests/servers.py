@@ -121,10 +121,11 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             self.send_header("Content-Type", "application/zstd")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data[: len(data) // 2])
-            self.wfile.flush()
             self.close_connection = True
-            self.connection.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):  # the client may hang up first
+                self.wfile.write(data[: len(data) // 2])
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_RDWR)
             return
         super().do_GET()
 
