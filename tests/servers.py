@@ -59,7 +59,7 @@ def require_registry_binary() -> str:
 
 
 @contextlib.contextmanager
-def registry(workdir: Path, htpasswd: str | None = None):
+def registry(workdir: Path, htpasswd: str | None = None, access_log: bool = False):
     binary = require_registry_binary()
     port = free_port()
     root = workdir / "storage"
@@ -69,7 +69,7 @@ def registry(workdir: Path, htpasswd: str | None = None):
         auth = f"auth:\n  htpasswd:\n    realm: kernelcache-test\n    path: {workdir / 'htpasswd'}\n"
     config = workdir / "config.yml"
     config.write_text(
-        "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\n"
+        f"version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: {str(not access_log).lower()}\n"
         f"storage:\n  filesystem:\n    rootdirectory: {root}\n  delete:\n    enabled: true\n"
         f"http:\n  addr: 127.0.0.1:{port}\n{auth}"
     )

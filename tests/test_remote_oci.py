@@ -235,3 +235,16 @@ def test_a_registry_with_credentials(bundle90, tmp_path_factory, tmp_path):
         (docker / "config.json").write_text(json.dumps({"auths": {secured.host: {"auth": auth}}}))
         kc("pull", ref, "--arch", "sm_90", "-o", str(tmp_path / "out"), env={"DOCKER_CONFIG": str(docker)}, check=True)
         assert (tmp_path / "out" / bundle90.name).read_bytes() == bundle90.read_bytes()
+
+
+def test_python_api_and_chunked_uploads(reg, bundle90, tmp_path, monkeypatch):
+    import kernelcache
+
+    monkeypatch.setattr(oci, "CHUNKED_UPLOAD_BYTES", 0)  # what bundles over 256 MiB take: POST, PATCH, PUT
+    monkeypatch.setattr(oci, "UPLOAD_CHUNK", 16 << 10)  # several PATCHes for this bundle
+    result = kernelcache.push([bundle90], f"oci://{reg.host}/kc/api:v1")
+    assert result.variants == ("sm_90",) and result.pushed[0].reference.endswith(":v1-sm_90")
+    [landed] = kernelcache.pull(f"oci://{reg.host}/kc/api:v1", tmp_path, arch="sm_90")
+    assert landed.path.read_bytes() == bundle90.read_bytes()
+    assert landed.digest == archive.bundle_digest(archive.read_manifest(bundle90))
+    assert kernelcache.fetch(str(bundle90), tmp_path) == bundle90  # a path stays a path

@@ -47,7 +47,8 @@ OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 ANNOTATION = "dev.kernelcache."
 TITLE = "org.opencontainers.image.title"
 CHUNK = 1 << 20
-CHUNKED_UPLOAD_BYTES = 256 << 20
+CHUNKED_UPLOAD_BYTES = 256 << 20  # larger blobs go up in chunks (POST, PATCH…, PUT), never whole in memory
+UPLOAD_CHUNK = 16 << 20
 INDEX_ROUNDS = 5
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -221,7 +222,7 @@ def _upload(client, ref: OciRef, path: Path, media_type: str) -> dict:
     descriptor = {"mediaType": media_type, "digest": "sha256:" + _file_sha256(path), "size": path.stat().st_size}
     box = container(ref.host, ref.repository)
     chunked = descriptor["size"] > CHUNKED_UPLOAD_BYTES
-    response = client.upload_blob(str(path), box, dict(descriptor), do_chunked=chunked)
+    response = client.upload_blob(str(path), box, dict(descriptor), do_chunked=chunked, chunk_size=UPLOAD_CHUNK)
     if response.status_code not in (200, 201, 202):
         raise RemoteError(f"{ref}: uploading {path.name} failed: {error_text(response)}")
     return descriptor
