@@ -13,7 +13,7 @@ from servers import http_server
 
 import kernelcache
 from kernelcache.bundle import archive
-from kernelcache.errors import IntegrityError, MissingDependency, RemoteError, UsageError
+from kernelcache.errors import IntegrityError, MissingDependency, RemoteError, StorageError, UsageError
 
 
 @pytest.fixture()
@@ -37,9 +37,14 @@ def test_file_url_pull_and_install(bundle90, tmp_path):
     out = tmp_path / "out"
     kc("pull", bundle90.as_uri(), "-o", str(out), check=True)
     assert (out / bundle90.name).read_bytes() == bundle90.read_bytes()
-    cache = tmp_path / "cache"
-    result = json.loads(kc("install", bundle90.as_uri(), "--cache-dir", str(cache), "--json", check=True).stdout)
+    cache, downloads = tmp_path / "cache", tmp_path / "downloads" / "nested"
+    result = json.loads(kc("install", bundle90.as_uri(), "--cache-dir", str(cache), "--json",
+                           env={"KERNELCACHE_DOWNLOAD_DIR": str(downloads)}, check=True).stdout)
     assert result["digest"] == archive.bundle_digest(archive.read_manifest(bundle90))
+    assert list(downloads.iterdir()) == []  # the download is removed once installed
+    done = kc("install", bundle90.as_uri(), "--cache-dir", str(tmp_path / "c2"),
+              env={"KERNELCACHE_DOWNLOAD_DIR": "/proc/kernelcache-cannot-be-here"})
+    assert done.returncode == StorageError.exit_code and "download dir" in done.stderr
     done = kc("pull", f"file://otherhost{bundle90}", "-o", str(out))
     assert done.returncode == UsageError.exit_code
     done = kc("pull", (tmp_path / "missing.tar.zst").as_uri(), "-o", str(out))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..bundle.archive import read_manifest
 from ..bundle.manifest import Target, arch_to_capability
-from ..errors import ArchMismatch, UsageError
+from ..errors import ArchMismatch, StorageError, UsageError
 from .transfer import Landed
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
@@ -79,8 +79,23 @@ def local_bundle(ref: str | os.PathLike, arch: str | None = None, gpu: str | Non
     if not is_remote(ref):
         yield fetch(ref, ".", arch, gpu)
         return
-    with tempfile.TemporaryDirectory(prefix="kernelcache-", dir=os.environ.get("KERNELCACHE_DOWNLOAD_DIR")) as tmp:
+    with _download_dir() as tmp:
         yield fetch(ref, tmp, arch, gpu, verify_members)
+
+
+@contextmanager
+def _download_dir() -> Iterator[str]:
+    """A fresh temp dir under KERNELCACHE_DOWNLOAD_DIR (created if missing) or the system's."""
+    parent = os.environ.get("KERNELCACHE_DOWNLOAD_DIR") or None
+    try:
+        if parent:
+            Path(parent).mkdir(parents=True, exist_ok=True)
+        work = tempfile.TemporaryDirectory(prefix="kernelcache-", dir=parent)
+    except OSError as exc:
+        raise StorageError(f"cannot create a download dir in {parent or tempfile.gettempdir()}: "
+                           f"{exc.strerror or exc}") from None
+    with work as path:
+        yield path
 
 
 def check_target(target: Target, arch: str | None, gpu: str | None, source: str) -> None:
