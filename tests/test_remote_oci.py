@@ -138,7 +138,14 @@ def test_concurrent_pushes_of_different_archs_converge_on_one_index(reg, variant
     assert listed == {"sm_90-h200", "sm_100"}
 
 
-def test_a_corrupted_blob_in_the_registry_is_refused_and_leaves_nothing(reg, bundle90, tmp_path):
+def test_a_corrupted_blob_in_the_registry_is_refused_and_leaves_nothing(bundle90, tmp_path_factory, tmp_path):
+    # A registry of its own: blobs are stored once per digest, so corrupting this one in the shared
+    # registry would corrupt every repository holding the same bundle.
+    with registry(tmp_path_factory.mktemp("corrupt-registry")) as own:
+        check_corruption_is_refused(own, bundle90, tmp_path)
+
+
+def check_corruption_is_refused(reg, bundle90, tmp_path):
     ref = f"oci://{reg.host}/kc/corrupt:v1-sm_90"
     kc("push", str(bundle90), f"oci://{reg.host}/kc/corrupt:v1", check=True)
     layer = manifest_at(reg, "kc/corrupt", "v1-sm_90")["layers"][0]
