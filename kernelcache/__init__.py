@@ -29,6 +29,7 @@ _API = {
     "merge": "kernelcache.bundle.compare:merge",
     "push": "kernelcache.remote.oci:push",
     "pull": "kernelcache.remote:pull",
+    "fetch": "kernelcache.remote:fetch",
 }
 
 __all__ = ["__version__", *_API]

@@ -335,13 +335,23 @@ def coverage_of(records: list[dict]) -> dict:
 
 
 def _flashinfer_modules(plan, target: BuildTarget, work: Path) -> tuple:
+    """FlashInfer's ``sampling`` module: built for the arch (cross), or what vLLM's path JIT-built (native)."""
     if "flashinfer" not in plan.paths:
         return ()
-    try:
-        from .exercise import flashinfer as fi_build
-    except ImportError:
-        raise PathUnavailable("this kernelcache cannot build FlashInfer modules yet; drop 'flashinfer' from the "
-                              "paths (--path registry --path mrv1 --path mrv2)") from None
-    module, members = fi_build.build_for_target(target, work / "flashinfer")
-    return ((module, members),)
+    from .exercise import flashinfer as fi_build
 
+    if target.mode == "cross":
+        return (fi_build.build_sampling(target.arch, work / "flashinfer", jobs=min(2, os.cpu_count() or 1)),)
+    base = work / "flashinfer-jit"
+    job_dir = work / "jobs" / "flashinfer"
+    job_dir.mkdir(parents=True, exist_ok=True)
+    vocab = plan.vocabs[0].size
+    job = Job(cache_dir=str(work / "cache"), compile_log=str(job_dir / "compiles.jsonl"), capability=target.capability,
+              sm_count=target.sm_count, mode="native", prebuild=False,
+              tasks=(Task(f"{SAMPLER}:flashinfer", {"vocab": vocab}, label="flashinfer"),),
+              env={"FLASHINFER_WORKSPACE_BASE": str(base), "VLLM_USE_FLASHINFER_SAMPLER": "1"})
+    _run_job(job_dir, job)
+    jit_dirs = sorted(base.glob(".cache/flashinfer/*/*/cached_ops"))
+    if not jit_dirs:
+        raise BuildFailed(f"vLLM's FlashInfer path built no JIT module under {base}")
+    return (fi_build.harvest_sampling(jit_dirs[0], target.arch),)

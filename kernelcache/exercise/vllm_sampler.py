@@ -266,3 +266,20 @@ def _model_logits(batch: int, vocab: int, dtype) -> Any:
     padded = -(-vocab // VOCAB_PADDING) * VOCAB_PADDING
     logits = torch.randn((batch, padded), dtype=dtype, device="cuda")
     return logits[:, :vocab]
+
+
+# -- FlashInfer (native mode) ---------------------------------------------------------------------
+
+
+def flashinfer(vocab: int, batch: int = 16) -> dict:
+    """vLLM's ``flashinfer_sample`` in its three call shapes (k, p, both): FlashInfer JIT-builds ``sampling``."""
+    import torch
+    from vllm.v1.sample.ops.topk_topp_sampler import flashinfer_sample
+
+    logits = torch.randn((batch, vocab), dtype=torch.float32, device="cuda")
+    k = torch.full((batch,), 50, dtype=torch.int32, device="cuda")
+    p = torch.full((batch,), 0.9, dtype=torch.float32, device="cuda")
+    for top_k, top_p in ((k, None), (None, p), (k, p)):
+        flashinfer_sample(logits.clone(), top_k, top_p)
+    torch.cuda.synchronize()
+    return {"shapes": 3}

@@ -41,7 +41,9 @@ if "a" in bundles:
             summary["builds"][x]["kernel_files_identical_to_native"] = f"{identical}/{len(kernel_files)}"
 for x in ["a", "b", "c", "ro"]:
     report = load(f"verify-{x}.json")
-    fields = ("ok", "mode", "compiles", "hits", "gcc_builds", "files_written", "seconds", "cache_dir", "error", "stderr")
+    fields = ("ok", "mode", "compiles", "hits", "gcc_builds", "files_written", "seconds", "cache_dir", "error",
+              "stderr")
     summary["verify"][x] = {k: report.get(k) for k in fields}
-    summary["verify"][x]["rc"] = (root / f"verify-{x}.rc").read_text().strip() if (root / f"verify-{x}.rc").exists() else None
+    rc = root / f"verify-{x}.rc"
+    summary["verify"][x]["rc"] = rc.read_text().strip() if rc.exists() else None
 print(json.dumps(summary, indent=1))

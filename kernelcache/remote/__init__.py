@@ -1,0 +1,123 @@
+"""Where a bundle comes from, chosen by the reference's scheme (as ccache picks remote storage).
+
+* a plain path: used as it is;
+* ``oci://HOST/REPO:TAG`` (or ``@sha256:…``): an OCI registry through oras (``remote.oci``); an
+  index tag resolves to the bundle for the visible GPU or for ``arch`` / ``gpu``;
+* ``file://``, ``http(s)://``, ``s3://``, ``gs://``, … : a URL (``remote.url``), optionally pinned
+  with ``#sha256=HEX``.
+
+``pull`` downloads into a directory and verifies every member; ``local_bundle`` gives a verified
+local file for one command (install, diff, merge) and removes its download afterwards. Nothing
+here imports oras or fsspec until a reference needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..bundle.archive import read_manifest
+from ..bundle.manifest import Target, arch_to_capability
+from ..errors import ArchMismatch, StorageError, UsageError
+from .transfer import Landed
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_remote(ref: str | os.PathLike) -> bool:
+    return bool(_SCHEME.match(str(ref)))
+
+
+def pull(ref: str, output_dir: str | os.PathLike = ".", arch: str | None = None, gpu: str | None = None,
+         every: bool = False, verify_members: bool = True) -> list[Landed]:
+    """Download the bundle(s) ``ref`` names into ``output_dir``, verified, under their own names."""
+    if not is_remote(ref):
+        raise UsageError(f"{ref} is not a URL or oci:// reference; pull fetches remote bundles")
+    if str(ref).startswith("oci://"):
+        from .oci import pull as pull_oci
+
+        landed = pull_oci(ref, output_dir, arch=arch, gpu=gpu, every=every, verify_members=verify_members)
+    else:
+        if every:
+            raise UsageError("--all picks every bundle of an OCI index; a URL names one bundle")
+        from .url import pull as pull_url
+
+        landed = pull_url(ref, output_dir, verify_members=verify_members)
+    try:
+        for item in landed if not every else ():
+            check_target(item.manifest.target, arch, gpu, str(ref))
+    except ArchMismatch:
+        for item in landed:
+            item.path.unlink(missing_ok=True)
+        raise
+    return landed
+
+
+def fetch(ref: str | os.PathLike, dest_dir: str | os.PathLike, arch: str | None = None, gpu: str | None = None,
+          verify_members: bool = True) -> Path:
+    """One local bundle for ``ref``: a path as is, a remote reference downloaded into ``dest_dir``."""
+    if not is_remote(ref):
+        path = Path(ref)
+        if arch is not None or gpu is not None:
+            check_target(read_manifest(path).target, arch, gpu, str(ref))
+        return path
+    return pull(str(ref), dest_dir, arch=arch, gpu=gpu, verify_members=verify_members)[0].path
+
+
+@contextmanager
+def local_bundle(ref: str | os.PathLike, arch: str | None = None, gpu: str | None = None,
+                 verify_members: bool = False) -> Iterator[Path]:
+    """A local file for ``ref`` while the block runs; a download goes to a temp dir removed after.
+
+    ``verify_members`` is off by default because every user of this (install, diff, merge)
+    verifies what it reads; the transport's own size and digest checks always run.
+    """
+    if not is_remote(ref):
+        yield fetch(ref, ".", arch, gpu)
+        return
+    with _download_dir() as tmp:
+        yield fetch(ref, tmp, arch, gpu, verify_members)
+
+
+@contextmanager
+def _download_dir() -> Iterator[str]:
+    """A fresh temp dir under KERNELCACHE_DOWNLOAD_DIR (created if missing) or the system's."""
+    parent = os.environ.get("KERNELCACHE_DOWNLOAD_DIR") or None
+    try:
+        if parent:
+            Path(parent).mkdir(parents=True, exist_ok=True)
+        work = tempfile.TemporaryDirectory(prefix="kernelcache-", dir=parent)
+    except OSError as exc:
+        raise StorageError(f"cannot create a download dir in {parent or tempfile.gettempdir()}: "
+                           f"{exc.strerror or exc}") from None
+    with work as path:
+        yield path
+
+
+def check_target(target: Target, arch: str | None, gpu: str | None, source: str) -> None:
+    """An explicit ``--arch`` / ``--gpu`` refuses any bundle built for something else."""
+    if gpu is not None:
+        from ..plan.gpus import profile
+
+        want = profile(gpu)
+        if target.capability != want.capability or (target.sm_count and target.sm_count != want.sm_count):
+            raise ArchMismatch(f"{source} was built for {_target(target)}, not for --gpu {want.name}",
+                               [("target", _target(target), f"{want.name} ({want.arch}, {want.sm_count} SMs)")])
+    if arch is not None and target.capability != _capability(arch):
+        raise ArchMismatch(f"{source} was built for {_target(target)}, not for --arch {arch}",
+                           [("target", _target(target), arch)])
+
+
+def _capability(arch: str) -> int:
+    try:
+        return arch_to_capability(arch)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _target(target: Target) -> str:
+    return target.arch + (f" ({target.gpu}, {target.sm_count} SMs)" if target.gpu else "")

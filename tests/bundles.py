@@ -1,0 +1,57 @@
+"""Real bundles that differ in known ways, made from the session's real compiled caches."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import shutil
+from pathlib import Path
+
+from conftest import kc
+
+from kernelcache.bundle import archive
+from kernelcache.bundle.manifest import FileRecord
+
+
+def pack(cache: Path, out: Path, log: Path | None = None) -> Path:
+    args = ["pack", str(cache), "-o", str(out)] + (["--compile-log", str(log)] if log else [])
+    kc(*args, check=True)
+    return out
+
+
+def pack_without(cache: Path, log: Path, out: Path, names: set[str], work: Path) -> Path:
+    """Pack a copy of ``cache`` from which every variant of the kernels ``names`` was removed."""
+    copy = work / f"cache-without-{'-'.join(sorted(names))}"
+    shutil.copytree(cache, copy)
+    for entry in copy.iterdir():
+        if entry.is_dir() and any((entry / f"__grp__{n}.json").exists() for n in names):
+            shutil.rmtree(entry)
+    return pack(copy, out, log)
+
+
+def rewrite(bundle: Path, out: Path, target: dict | None = None, **environment) -> Path:
+    """The same members under a manifest whose target or environment says something else."""
+    manifest = archive.read_manifest(bundle)
+    manifest = dataclasses.replace(
+        manifest,
+        target=dataclasses.replace(manifest.target, **(target or {})),
+        environment=dataclasses.replace(manifest.environment, **environment),
+    )
+    data = {name: blob for _, name, blob in archive.iter_members(bundle)}
+    archive.write(out, manifest, [(name, lambda blob=blob: blob) for name, blob in data.items()])
+    return out
+
+
+def tamper(bundle: Path, out: Path, kernel_name: str) -> tuple[Path, str]:
+    """A valid bundle whose first ``kernel_name`` variant has other cubin bytes under the same key."""
+    manifest = archive.read_manifest(bundle)
+    data = {name: blob for _, name, blob in archive.iter_members(bundle)}
+    victim = next(k for k in manifest.kernels if k.name == kernel_name)
+    cubin = next(f for f in victim.files if f.path.endswith(".cubin"))
+    data[cubin.path] = data[cubin.path] + b"\0"
+    record = FileRecord(cubin.path, len(data[cubin.path]), hashlib.sha256(data[cubin.path]).hexdigest())
+    files = tuple(record if f.path == cubin.path else f for f in victim.files)
+    kernels = tuple(dataclasses.replace(k, files=files) if k.key == victim.key else k for k in manifest.kernels)
+    archive.write(out, dataclasses.replace(manifest, kernels=kernels),
+                  [(name, lambda blob=blob: blob) for name, blob in data.items()])
+    return out, victim.key
