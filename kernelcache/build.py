@@ -130,9 +130,10 @@ def check_paths(plan: plan_file.BuildPlan) -> None:
         except ModuleNotFoundError:
             found = False
         if not found:
+            where = "installed" if path == "flashinfer" else f"in the installed vllm {package_version('vllm')}"
             raise PathUnavailable(
-                f"the manifest asks for the '{path}' path but {what} ({module}) is not in the installed "
-                f"vllm {package_version('vllm')}; drop it from vllm.paths or pass --path"
+                f"the manifest asks for the '{path}' path but {what} ({module}) is not {where}; "
+                "drop it from vllm.paths or pass --path"
             )
 
 

@@ -9,7 +9,9 @@ gcc builds of Triton's launchers, and a digest of the sampled tokens (same seeds
 Scenarios: ``mrv1`` -- ``vllm.v1.sample.sampler.Sampler`` with a seeded ``torch.Generator`` (the
 ``forward_native`` Triton path); ``mrv2`` -- MRV2's seeded chain (temperature, top-k/top-p, Gumbel with
 per-request seeds). Cache modes: ``none`` (a fresh empty TRITON_CACHE_DIR), ``bundle`` (the bundle
-installed at a fresh path), ``bundle+prewarm`` (the same, with kernelcache's background ``triton_key()``).
+installed at a fresh path), ``bundle+prewarm`` (the same, with ``triton_key()`` computed in a background
+thread from process start: measured on the H200 to move 0.35 s off the critical path but to slow the
+imports by as much, so kernelcache's loader does not do it; see BENCHMARKS.md).
 
     python scripts/bench_coldstart.py --bundle B.tar.zst --vocab 128256 --runs 5 --out results.json
 
@@ -35,10 +37,15 @@ BATCH = 16
 def child(scenario: str, vocab: int, prewarm: bool) -> dict:
     t = {}
     start = time.perf_counter()
-    if prewarm:
-        from kernelcache.runtime import prewarm as pw
+    if prewarm:  # the experiment of issue 4.4: hash libtriton in a thread while torch/vLLM import
+        import threading
 
-        pw.start()
+        def key() -> None:
+            from triton.runtime.cache import triton_key
+
+            triton_key()
+
+        threading.Thread(target=key, daemon=True).start()
     mark = time.perf_counter()
     import torch
 

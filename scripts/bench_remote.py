@@ -1,6 +1,6 @@
 """How much the transport adds to an install: file vs oci:// (index resolved) vs http://, on loopback.
 
-    .venv/bin/python benchmarks/remote.py BUNDLE [--runs 5]
+    .venv/bin/python scripts/bench_remote.py BUNDLE [--runs 5]
 
 Starts its own registry and HTTP server (the ones the tests use), pushes BUNDLE, then times the
 `kernelcache install` CLI into a fresh cache dir per run (median and range of wall-clock seconds,

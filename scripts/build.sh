@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up (scripts/setup.sh), then the main job: a real cross build of the default build manifest
+# (cache-manifests/vllm-sampler.toml: 8 vocab sizes, fp32/bf16/fp16, MRV1 + MRV2 + registry + FlashInfer)
+# for an H200 (sm_90, 132 SMs) on this CPU-only machine, then `inspect` and `verify` of the bundle.
+# Override with ARCH=sm_100 GPU=b200, or pass extra `kernelcache build` flags as arguments.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+ARCH=${ARCH:-sm_90}; GPU=${GPU:-h200}
+.venv/bin/kernelcache build --arch "$ARCH" --gpu "$GPU" -o bundles "$@"
+bundle=$(ls -t bundles/*-"$ARCH"-"$GPU".tar.zst | head -1)
+.venv/bin/kernelcache inspect "$bundle"
+.venv/bin/kernelcache verify "$bundle"
