@@ -33,7 +33,8 @@ class Group(click.Group):
 
 
 def _fail(exc: KernelcacheError) -> None:
-    err.print(f"kernelcache: error: {exc}", markup=False)
+    message = " ".join(str(exc).splitlines())  # one line, whatever the cause carried
+    err.print(f"kernelcache: error: {message}", markup=False)
     sys.exit(exc.exit_code)
 
 
@@ -61,6 +62,43 @@ cache_dir_option = click.option(
     help="Triton cache dir [default: KERNELCACHE_HOME, TRITON_CACHE_DIR or ~/.triton/cache].",
 )
 force_option = click.option("--force", is_flag=True, help="Install even if the fingerprint does not match (loud).")
+
+
+# -- reliability options (issue 6): size limits, read-only base + writable overlay ----------------
+
+
+def limits_options(func):
+    """--max-total / --max-member / --max-members: caps on what a bundle may expand to."""
+    for flag, field, what in (("--max-members", "members", "members"),
+                              ("--max-member", "member_bytes", "bytes in one member (e.g. 512M)"),
+                              ("--max-total", "total_bytes", "bytes in all members (e.g. 8G)")):
+        env = f"KERNELCACHE_MAX_{field.upper()}"
+        func = click.option(flag, field, default=None, metavar="N",
+                            help=f"Refuse a bundle with more than N {what} [env {env}].")(func)
+    return func
+
+
+def make_limits(members: str | None, member_bytes: str | None, total_bytes: str | None):
+    from .bundle.archive import Limits, parse_size
+
+    given = {"members": members, "member_bytes": member_bytes, "total_bytes": total_bytes}
+    return Limits.from_env(**{k: parse_size(v) for k, v in given.items() if v is not None})
+
+
+def overlay_options(func):
+    """--read-only / --base / --overlay / --miss-log for env and run."""
+    func = click.option("--miss-log", type=click.Path(dir_okay=False), default=None,
+                        help="JSONL log of misses [default: <overlay>/.kernelcache/misses.jsonl].")(func)
+    func = click.option("--overlay", type=click.Path(file_okay=False), default=None,
+                        help="Writable dir for misses [default: KERNELCACHE_OVERLAY, else "
+                             "$TMPDIR/kernelcache-overlay].")(func)
+    func = click.option("--base", type=click.Path(file_okay=False), default=None,
+                        help="The read-only installed cache [default: the cache dir].")(func)
+    return click.option("--read-only", is_flag=True,
+                        help="Serve hits from a read-only base; write misses to an overlay and log them.")(func)
+
+
+# -- end of reliability options -------------------------------------------------------------------
 
 
 @main.command()
@@ -123,11 +161,14 @@ def inspect(bundle: str, as_json: bool) -> None:
 @force_option
 @click.option("--no-gpu-check", is_flag=True, help="Do not compare the bundle's arch with the visible GPUs.")
 @click.option("--json", "as_json", is_flag=True)
-def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool, as_json: bool) -> None:
+@limits_options
+def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool, as_json: bool,
+            members: str | None, member_bytes: str | None, total_bytes: str | None) -> None:
     """Verify a bundle, check it against this environment, and publish it atomically."""
     from .install import install as do_install
 
-    result = do_install(bundle, cache_dir, force=force, check_gpu=not no_gpu_check)
+    limits = make_limits(members, member_bytes, total_bytes)
+    result = do_install(bundle, cache_dir, force=force, check_gpu=not no_gpu_check, limits=limits)
     for warning in result.warnings:
         err.print(f"[bold red]warning:[/bold red] {warning}" if "FORCED" in warning else f"warning: {warning}")
     if as_json:

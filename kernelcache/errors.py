@@ -61,6 +61,12 @@ class LimitExceededError(BundleError):
     exit_code = 15
 
 
+class EntryError(BundleError):
+    """A kernel or module entry is inconsistent: bad key, files outside its dir, a bad group file."""
+
+    exit_code = 16
+
+
 class FingerprintMismatch(KernelcacheError):
     """The bundle was built for another environment: its kernels would miss here."""
 
