@@ -75,3 +75,11 @@ def bundle90(built, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bundles") / "test-sm_90.tar.zst"
     kc("pack", str(cache), "-o", str(out), "--compile-log", str(log), check=True)
     return out
+
+
+@pytest.fixture(scope="session")
+def small_bundle(bundle90, tmp_path_factory) -> Path:
+    """Three real kernels and one launcher of ``bundle90``: quick to install many times over."""
+    from hostile import subset
+
+    return subset(bundle90, tmp_path_factory.mktemp("small") / "small-sm_90.tar.zst")
