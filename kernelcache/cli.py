@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import __version__
-from .errors import FingerprintMismatch, KernelcacheError
+from .errors import FingerprintMismatch, KernelcacheError, UsageError
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -96,6 +96,25 @@ def overlay_options(func):
                         help="The read-only installed cache [default: the cache dir].")(func)
     return click.option("--read-only", is_flag=True,
                         help="Serve hits from a read-only base; write misses to an overlay and log them.")(func)
+
+
+def overlay_variables(read_only: bool, cache_dir: str | None, base: str | None, overlay: str | None,
+                      miss_log: str | None) -> dict[str, str] | None:
+    """The --read-only environment, or None without --read-only."""
+    if not read_only:
+        given = [flag for flag, value in (("--base", base), ("--overlay", overlay), ("--miss-log", miss_log)) if value]
+        if given:
+            raise UsageError(f"{', '.join(given)} only make sense with --read-only")
+        return None
+    if base is not None and cache_dir is not None:
+        raise UsageError("give the read-only cache as --base or as --cache-dir, not both")
+    from .runtime.overlay import prepare_overlay
+
+    setup = prepare_overlay(base if base is not None else cache_dir, overlay, miss_log)
+    if not setup.bundles:
+        err.print(f"warning: {setup.base} holds no kernelcache install receipt; serving it as a plain Triton cache",
+                  markup=False)
+    return setup.environment()
 
 
 # -- end of reliability options -------------------------------------------------------------------
@@ -185,11 +204,15 @@ def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool,
 @main.command()
 @cache_dir_option
 @click.option("--json", "as_json", is_flag=True)
-def env(cache_dir: str | None, as_json: bool) -> None:
+@overlay_options
+def env(cache_dir: str | None, as_json: bool, read_only: bool, base: str | None, overlay: str | None,
+        miss_log: str | None) -> None:
     """Print shell exports for an installed cache: eval "$(kernelcache env)"."""
     from .runtime.env import prepare, shell_exports
 
-    _, variables = prepare(None, cache_dir)
+    variables = overlay_variables(read_only, cache_dir, base, overlay, miss_log)
+    if variables is None:
+        _, variables = prepare(None, cache_dir)
     if as_json:
         _json(variables)
     else:
@@ -200,9 +223,17 @@ def env(cache_dir: str | None, as_json: bool) -> None:
 @click.option("--bundle", type=click.Path(exists=True, dir_okay=False), default=None, help="Install this first.")
 @cache_dir_option
 @force_option
+@overlay_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(bundle: str | None, cache_dir: str | None, force: bool, command: tuple[str, ...]) -> None:
+def run(bundle: str | None, cache_dir: str | None, force: bool, read_only: bool, base: str | None,
+        overlay: str | None, miss_log: str | None, command: tuple[str, ...]) -> None:
     """Install if needed, then exec COMMAND with the cache active: kernelcache run -- vllm serve ..."""
+    from .runtime.env import exec_command
     from .runtime.env import run as do_run
 
+    if read_only and bundle is not None:
+        raise UsageError("--read-only serves an installed cache; install --bundle into it first")
+    variables = overlay_variables(read_only, cache_dir, base, overlay, miss_log)
+    if variables is not None:
+        exec_command(list(command), variables)
     do_run(list(command), bundle, cache_dir, force)

@@ -107,6 +107,12 @@ class StorageError(KernelcacheError):
     exit_code = 40
 
 
+class BaseUnusable(KernelcacheError):
+    """The read-only base given to --read-only is not a complete installed cache."""
+
+    exit_code = 41
+
+
 class CompilesDetected(KernelcacheError):
     """verify saw at least one real compile (a cache miss)."""
 

@@ -1,0 +1,73 @@
+"""Put on PYTHONPATH by ``kernelcache env --read-only``: attach the overlay's compile listener to Triton.
+
+When ``triton.knobs`` is first imported, ``knobs.compilation.listener`` is pointed at
+``kernelcache_overlay.on_compile`` (imported only when a compile happens, so nothing here imports
+Triton early). The listener gives the overlay's miss log each missed kernel's specialization.
+Any ``sitecustomize`` this one shadows on ``sys.path`` still runs, first.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+KERNELCACHE_OVERLAY_LISTENER = False  # True once Triton's listener points here (kernelcache_overlay checks)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _run_shadowed_sitecustomize() -> None:
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+def _listener(**kwargs) -> None:
+    import kernelcache_overlay
+
+    kernelcache_overlay.on_compile(**kwargs)
+
+
+def _attach(knobs) -> None:
+    global KERNELCACHE_OVERLAY_LISTENER
+    previous = knobs.compilation.listener
+
+    def listener(**kwargs):
+        _listener(**kwargs)
+        if previous is not None:
+            previous(**kwargs)
+
+    knobs.compilation.listener = listener
+    KERNELCACHE_OVERLAY_LISTENER = True
+
+
+class _AfterKnobs(importlib.abc.MetaPathFinder):
+    """Let ``triton.knobs`` load normally, then attach the listener to it."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "triton.knobs":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            _attach(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+try:
+    _run_shadowed_sitecustomize()
+finally:
+    if os.environ.get("KERNELCACHE_MISS_LOG") and "kernelcache_overlay" in os.environ.get("TRITON_CACHE_MANAGER", ""):
+        sys.meta_path.insert(0, _AfterKnobs())
