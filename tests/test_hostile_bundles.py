@@ -113,13 +113,26 @@ def test_refusal_as_a_separate_process(name, base, tmp_path):
 FLIPS = 200
 
 
-def test_seeded_bit_flips_in_the_file_are_all_refused(small_bundle, tmp_path):
-    """200 single-bit flips anywhere in a real bundle file: each one is refused, none leaves anything."""
-    outcomes = _flip_and_install(small_bundle.read_bytes(), tmp_path, wrap=lambda flipped: flipped,
-                                 original=_members(small_bundle))
-    (tmp_path / "outcomes.json").write_text(json.dumps(outcomes))
+def test_seeded_bit_flips_in_the_file_are_refused_or_change_nothing(small_bundle, tmp_path):
+    """200 single-bit flips anywhere in a real bundle file. The zstd content checksum and the tar,
+    manifest and sha256 checks refuse all of them, except a flip that changes no decoded byte (in
+    the frame header's window-size byte, which only sizes the decoder's buffer, about 2 bytes in
+    14 KB): such a bundle decodes to the identical stream, and installs the identical files.
+    """
+    data = small_bundle.read_bytes()
+    clean = _decode(data)
+    outcomes = _flip_and_install(data, tmp_path, wrap=lambda flipped: flipped, original=_members(small_bundle),
+                                 accept=lambda flipped: _decode(flipped) == clean)
+    (tmp_path / "flips-file.json").write_text(json.dumps(outcomes))
     assert sum(outcomes.values()) == FLIPS
-    assert outcomes.get(0, 0) == 0, outcomes  # measured: all 200 caught (mostly by the zstd checksum)
+    assert outcomes.get(0, 0) <= 3, outcomes  # measured: 0 or 1 of 200, by where the header bytes fall
+
+
+def _decode(data: bytes) -> bytes | None:
+    try:
+        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    except zstandard.ZstdError:
+        return None
 
 
 def test_seeded_bit_flips_inside_the_tar_never_corrupt(small_bundle, tmp_path):
@@ -131,12 +144,14 @@ def test_seeded_bit_flips_inside_the_tar_never_corrupt(small_bundle, tmp_path):
     tar_bytes = zstandard.ZstdDecompressor().decompressobj().decompress(small_bundle.read_bytes())
     outcomes = _flip_and_install(tar_bytes, tmp_path, wrap=lambda flipped: zstandard.ZstdCompressor(
         level=3, write_checksum=True).compress(flipped), original=_members(small_bundle))
-    (tmp_path / "outcomes.json").write_text(json.dumps(outcomes))
+    (tmp_path / "flips-tar.json").write_text(json.dumps(outcomes))
     assert sum(outcomes.values()) == FLIPS
     assert sum(n for code, n in outcomes.items() if code != 0) >= FLIPS // 2, outcomes
 
 
-def _flip_and_install(data: bytes, tmp_path: Path, wrap, original: dict[str, bytes]) -> dict[int, int]:
+def _flip_and_install(data: bytes, tmp_path: Path, wrap, original: dict[str, bytes],
+                      accept=lambda flipped: True) -> dict[int, int]:
+    """Install each flipped bundle: refused and nothing left, or (if ``accept``) installed intact."""
     outcomes: dict[int, int] = {}
     for i, (offset, bit, flipped) in enumerate(flips(data, FLIPS, seed=6)):
         sandbox = Sandbox(tmp_path / f"f{i}")
@@ -145,6 +160,7 @@ def _flip_and_install(data: bytes, tmp_path: Path, wrap, original: dict[str, byt
         result = sandbox.install(bundle)
         outcomes[result.exit_code] = outcomes.get(result.exit_code, 0) + 1
         if result.exit_code == 0:
+            assert accept(flipped), f"flip at byte {offset} bit {bit} changed the stream and was installed"
             installed = {name: (sandbox.cache / name).read_bytes() for name in original if "__grp__" not in name}
             assert installed == {n: d for n, d in original.items() if "__grp__" not in n}, (offset, bit)
             continue
