@@ -31,6 +31,7 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="keep the pytest temp dirs here")
     args = parser.parse_args()
     base = Path(args.out or tempfile.mkdtemp(prefix="kc-reliability-"))
+    base.mkdir(parents=True, exist_ok=True)
     junit = base / "junit.xml"
     started = time.time()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", *SUITES, f"--basetemp={base / 'tmp'}",

@@ -4,11 +4,20 @@ Writing: members sorted by path, fixed mtime (SOURCE_DATE_EPOCH or 0), uid/gid 0
 mode 0644, regular files only, one zstd frame at a fixed level, published with ``os.replace``.
 The same inputs give byte-identical bundles.
 
-Reading is a single streaming pass that trusts nothing: the manifest must come first; every
-following member must be a regular file with a plain relative name, listed in the manifest, of
-the size the manifest says, with the sha256 it says, seen once; the decompressed total, each
-member and the member count are capped (``Limits``). Any violation raises a ``BundleError``
-subclass with its own exit code before anything is handed to the caller as trusted.
+Reading is a single streaming pass that trusts nothing:
+
+* the file must be exactly one complete zstd frame: nothing after it, not cut short, its content
+  checksum right; compressed input is fed in small slices so no single step expands far (bombs);
+* the decompressed stream is capped, first at the manifest size limit, then, once the manifest is
+  read, at what a tar of exactly the manifest's members can take (``tar_bound``);
+* the manifest must come first; every name it lists is a plain relative path, listed once, never
+  both a file and a directory; sizes and counts are within ``Limits``;
+* every following member must be a regular file (no links, devices, fifos, directories, sparse
+  files) with a plain name, listed in the manifest, of the size it says, seen once, and streamed to
+  its destination while its sha256 is checked.
+
+Any violation raises a ``BundleError`` subclass with its own exit code. ``extract`` writes only
+inside the fresh directory it is given, and the caller discards it on error.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ ZSTD_LEVEL = 19
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 CHUNK = 1 << 20
 READAHEAD = 64 << 10  # decompressed bytes buffered ahead of the tar reader
-FEED = 512  # compressed bytes per decompress call: at most ~16 MiB out however extreme the ratio
+FEED = 2048  # compressed bytes per decompress call: at most ~64 MiB out however extreme the ratio
 BLOCK = tarfile.BLOCKSIZE
 HEADER_ALLOWANCE = 4 * BLOCK  # a member's header plus a PAX header for a long name
 _SAFE_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]{0,199}")
@@ -138,7 +147,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: int) -> None:
 class _Frame(io.RawIOBase):
     """Exactly one complete zstd frame, decompressed under a byte cap.
 
-    Compressed input is fed in small slices, so one call never expands past about 16 MiB however
+    Compressed input is fed in small slices, so one call never expands past about 64 MiB however
     extreme the ratio (zstd bombs); ``limit`` caps the total and can be tightened once the manifest
     says how much is coming. The stream must end where the frame ends: input that runs out inside
     the frame is a truncated bundle, bytes after it are refused, and libzstd checks the frame's
