@@ -88,8 +88,13 @@ def build(arch: str, manifest: str | os.PathLike | None = None, gpus: list[str] 
           vocabs: list[int] | None = None, dtypes: list[str] | None = None, max_num_seqs: int | None = None,
           paths: list[str] | None = None, mode: str = "auto", jobs: int | None = None,
           output_dir: str | os.PathLike = "bundles", keep_ir: bool = False, workdir: str | os.PathLike | None = None,
-          extra_tasks: tuple[Task, ...] = (), progress: Callable[[str, int, int], None] | None = None) -> BuildResult:
-    """Build one bundle per GPU profile of ``arch`` from a build manifest (flags override it)."""
+          extra_tasks: tuple[Task, ...] = (), progress: Callable[[str, int, int], None] | None = None,
+          from_misses: list[str] | None = None) -> BuildResult:
+    """Build one bundle per GPU profile of ``arch`` from a build manifest (flags override it).
+
+    ``from_misses``: overlay miss logs (``kernelcache run --read-only``) whose misses for this arch are
+    compiled again, so the next bundle covers them.
+    """
     arch = _normalise_arch(arch)
     plan = plan_file.load(manifest).override(gpus=gpus, vocabs=vocabs, dtypes=dtypes, max_num_seqs=max_num_seqs,
                                              paths=paths)
@@ -105,11 +110,18 @@ def build(arch: str, manifest: str | os.PathLike | None = None, gpus: list[str] 
             work = scratch / target.label
             if work.exists():
                 shutil.rmtree(work)
-            results.append(_build_target(plan, target, work, out, jobs, keep_ir, extra_tasks, progress))
+            tasks = tuple(extra_tasks) + _miss_tasks(from_misses or [], target.capability)
+            results.append(_build_target(plan, target, work, out, jobs, keep_ir, tasks, progress))
     finally:
         if workdir is None:
             shutil.rmtree(scratch, ignore_errors=True)
     return BuildResult(plan, tuple(results))
+
+
+def _miss_tasks(logs: list[str], capability: int) -> tuple[Task, ...]:
+    from .plan.misses import replay_tasks
+
+    return tuple(task for log in logs for task in replay_tasks(log, capability))
 
 
 def _normalise_arch(arch: str) -> str:

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__
-from .errors import FingerprintMismatch, KernelcacheError
+from .errors import FingerprintMismatch, KernelcacheError, UsageError
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -34,7 +34,8 @@ class Group(click.Group):
 
 
 def _fail(exc: KernelcacheError) -> None:
-    err.print(f"kernelcache: error: {exc}", markup=False)
+    message = " ".join(str(exc).splitlines())  # one line, whatever the cause carried
+    err.print(f"kernelcache: error: {message}", markup=False)
     sys.exit(exc.exit_code)
 
 
@@ -62,6 +63,62 @@ cache_dir_option = click.option(
     help="Triton cache dir [default: KERNELCACHE_HOME, TRITON_CACHE_DIR or ~/.triton/cache].",
 )
 force_option = click.option("--force", is_flag=True, help="Install even if the fingerprint does not match (loud).")
+
+
+# -- reliability options (issue 6): size limits, read-only base + writable overlay ----------------
+
+
+def limits_options(func):
+    """--max-total / --max-member / --max-members: caps on what a bundle may expand to."""
+    for flag, field, what in (("--max-members", "members", "members"),
+                              ("--max-member", "member_bytes", "bytes in one member (e.g. 512M)"),
+                              ("--max-total", "total_bytes", "bytes in all members (e.g. 8G)")):
+        env = f"KERNELCACHE_MAX_{field.upper()}"
+        func = click.option(flag, field, default=None, metavar="N",
+                            help=f"Refuse a bundle with more than N {what} [env {env}].")(func)
+    return func
+
+
+def make_limits(members: str | None, member_bytes: str | None, total_bytes: str | None):
+    from .bundle.archive import Limits, parse_size
+
+    given = {"members": members, "member_bytes": member_bytes, "total_bytes": total_bytes}
+    return Limits.from_env(**{k: parse_size(v) for k, v in given.items() if v is not None})
+
+
+def overlay_options(func):
+    """--read-only / --base / --overlay / --miss-log for env and run."""
+    func = click.option("--miss-log", type=click.Path(dir_okay=False), default=None,
+                        help="JSONL log of misses [default: <overlay>/.kernelcache/misses.jsonl].")(func)
+    func = click.option("--overlay", type=click.Path(file_okay=False), default=None,
+                        help="Writable dir for misses [default: KERNELCACHE_OVERLAY, else "
+                             "$TMPDIR/kernelcache-overlay].")(func)
+    func = click.option("--base", type=click.Path(file_okay=False), default=None,
+                        help="The read-only installed cache [default: the cache dir].")(func)
+    return click.option("--read-only", is_flag=True,
+                        help="Serve hits from a read-only base; write misses to an overlay and log them.")(func)
+
+
+def overlay_variables(read_only: bool, cache_dir: str | None, base: str | None, overlay: str | None,
+                      miss_log: str | None) -> dict[str, str] | None:
+    """The --read-only environment, or None without --read-only."""
+    if not read_only:
+        given = [flag for flag, value in (("--base", base), ("--overlay", overlay), ("--miss-log", miss_log)) if value]
+        if given:
+            raise UsageError(f"{', '.join(given)} only make sense with --read-only")
+        return None
+    if base is not None and cache_dir is not None:
+        raise UsageError("give the read-only cache as --base or as --cache-dir, not both")
+    from .runtime.overlay import prepare_overlay
+
+    setup = prepare_overlay(base if base is not None else cache_dir, overlay, miss_log)
+    if not setup.bundles:
+        err.print(f"warning: {setup.base} holds no kernelcache install receipt; serving it as a plain Triton cache",
+                  markup=False)
+    return setup.environment()
+
+
+# -- end of reliability options -------------------------------------------------------------------
 
 
 @main.command()
@@ -127,8 +184,9 @@ def inspect(bundle: str, as_json: bool) -> None:
 @click.option("--arch", default=None, help="Install for this arch: picks it from an OCI index, refuses others.")
 @click.option("--gpu", default=None, help="Install for this GPU profile (e.g. h200): as --arch, plus SM count.")
 @click.option("--json", "as_json", is_flag=True)
+@limits_options
 def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool, arch: str | None, gpu: str | None,
-            as_json: bool) -> None:
+            as_json: bool, members: str | None, member_bytes: str | None, total_bytes: str | None) -> None:
     """Verify a bundle, check it against this environment, and publish it atomically.
 
     BUNDLE is a file, a URL (file://, http(s)://, s3://, ...) or oci://HOST/REPO:TAG.
@@ -136,10 +194,11 @@ def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool,
     from .install import install as do_install
     from .remote import local_bundle
 
+    limits = make_limits(members, member_bytes, total_bytes)
     with local_bundle(bundle, arch=arch, gpu=gpu) as path:
-        result = do_install(path, cache_dir, force=force, check_gpu=not no_gpu_check)
+        result = do_install(path, cache_dir, force=force, check_gpu=not no_gpu_check, limits=limits)
     for warning in result.warnings:
-        err.print(f"[bold red]warning:[/bold red] {warning}" if "FORCED" in warning else f"warning: {warning}")
+        err.print(f"warning: {warning}", markup=False, style="bold red" if "FORCED" in warning else None)
     if as_json:
         _json({"cache_dir": str(result.cache_dir), "digest": result.digest, "action": result.action,
                "written": result.written, "present": result.present, "seconds": result.seconds})
@@ -154,11 +213,15 @@ def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool,
 @main.command()
 @cache_dir_option
 @click.option("--json", "as_json", is_flag=True)
-def env(cache_dir: str | None, as_json: bool) -> None:
+@overlay_options
+def env(cache_dir: str | None, as_json: bool, read_only: bool, base: str | None, overlay: str | None,
+        miss_log: str | None) -> None:
     """Print shell exports for an installed cache: eval "$(kernelcache env)"."""
     from .runtime.env import prepare, shell_exports
 
-    _, variables = prepare(None, cache_dir)
+    variables = overlay_variables(read_only, cache_dir, base, overlay, miss_log)
+    if variables is None:
+        _, variables = prepare(None, cache_dir)
     if as_json:
         _json(variables)
     else:
@@ -169,11 +232,19 @@ def env(cache_dir: str | None, as_json: bool) -> None:
 @click.option("--bundle", type=click.Path(exists=True, dir_okay=False), default=None, help="Install this first.")
 @cache_dir_option
 @force_option
+@overlay_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(bundle: str | None, cache_dir: str | None, force: bool, command: tuple[str, ...]) -> None:
+def run(bundle: str | None, cache_dir: str | None, force: bool, read_only: bool, base: str | None,
+        overlay: str | None, miss_log: str | None, command: tuple[str, ...]) -> None:
     """Install if needed, then exec COMMAND with the cache active: kernelcache run -- vllm serve ..."""
+    from .runtime.env import exec_command
     from .runtime.env import run as do_run
 
+    if read_only and bundle is not None:
+        raise UsageError("--read-only serves an installed cache; install --bundle into it first")
+    variables = overlay_variables(read_only, cache_dir, base, overlay, miss_log)
+    if variables is not None:
+        exec_command(list(command), variables)
     do_run(list(command), bundle, cache_dir, force)
 
 
@@ -192,9 +263,11 @@ def run(bundle: str | None, cache_dir: str | None, force: bool, command: tuple[s
 @click.option("-o", "--output-dir", default="bundles", show_default=True, type=click.Path(file_okay=False))
 @click.option("--keep-ir", is_flag=True, help="Also keep the IR files.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the build's scratch dir here.")
+@click.option("--from-misses", "miss_logs", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Also compile the misses an overlay logged (kernelcache run --read-only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def build(arch, manifest_file, gpus, vocabs, dtypes, max_num_seqs, paths, mode, jobs, output_dir, keep_ir, workdir,
-          as_json) -> None:
+          miss_logs, as_json) -> None:
     """Run vLLM's sampler paths for ARCH and write one bundle per GPU profile."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -211,7 +284,7 @@ def build(arch, manifest_file, gpus, vocabs, dtypes, max_num_seqs, paths, mode, 
 
         result = do_build(arch, manifest_file, list(gpus) or None, list(vocabs) or None, list(dtypes) or None,
                           max_num_seqs, list(paths) or None, mode, jobs, output_dir, keep_ir, workdir,
-                          progress=progress)
+                          progress=progress, from_misses=list(miss_logs))
     if as_json:
         _json([_build_json(t) for t in result.targets])
         return

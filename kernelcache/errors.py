@@ -61,6 +61,12 @@ class LimitExceededError(BundleError):
     exit_code = 15
 
 
+class EntryError(BundleError):
+    """A kernel or module entry is inconsistent: bad key, files outside its dir, a bad group file."""
+
+    exit_code = 16
+
+
 class FingerprintMismatch(KernelcacheError):
     """The bundle was built for another environment: its kernels would miss here."""
 
@@ -99,6 +105,12 @@ class StorageError(KernelcacheError):
     """Disk full, permission denied, read-only target: nothing was published."""
 
     exit_code = 40
+
+
+class BaseUnusable(KernelcacheError):
+    """The read-only base given to --read-only is not a complete installed cache."""
+
+    exit_code = 41
 
 
 class CompilesDetected(KernelcacheError):

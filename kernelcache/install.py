@@ -4,21 +4,30 @@
 what the cache already holds. It returns an ``InstallPlan`` that says what would happen and why a
 bundle would be refused. ``InstallPlan.execute`` then, under a per-cache-dir file lock:
 
-1. rolls forward an install a killed process left half-published, and removes stale staging dirs;
+1. rolls forward an install a killed process left half-published, and removes stale staging dirs
+   and temporary files;
 2. returns at once if another process installed the same bundle meanwhile;
 3. extracts into ``<cache>/.kernelcache/staging/`` (same filesystem), verifying every member's
    size and sha256 before anything is renamed;
-4. rewrites each Triton group file to the final absolute paths;
-5. writes a journal of the entries to publish, renames each entry into place (a whole directory in
-   one ``rename`` where the key is new; file by file, group file last, where Triton left a partial
-   one; complete entries already there are left alone), writes the receipt, drops the journal.
+4. checks each Triton group file and rewrites it to the final absolute paths;
+5. writes, before publishing anything, a journal of the entries to publish and the receipt under a
+   pending name (so the publish step allocates no space); renames each entry into place (a whole
+   directory in one ``rename`` where the key is new; file by file, group file last, where Triton
+   left a partial one; complete entries already there are left alone); renames the receipt into
+   place; drops the journal.
 
-Triton only trusts an entry once its group file exists, so a reader never sees a partial entry,
-and a kill at any point leaves either the old state or a journal the next install completes.
+What a reader can see (docs/RELIABILITY.md): never a partial entry, because Triton only trusts an
+entry once its group file exists and every entry appears in one rename. The receipt, which is
+what kernelcache itself trusts, appears only once every entry is in place. A kill during the
+publish step can leave a subset of complete entries and a journal; the next kernelcache command
+on that cache dir (install, env, run, activate) completes it. An ``OSError`` during the publish
+step (a full disk, a permission change) moves the entries published so far back out, so the
+cache is as it was.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -30,8 +39,9 @@ from filelock import FileLock, Timeout
 
 from .bundle import archive
 from .bundle.fingerprint import Difference, compare, compare_gpu, local_environment
-from .bundle.manifest import Manifest
-from .errors import ArchMismatch, FingerprintMismatch, KernelcacheError, StorageError
+from .bundle.manifest import Kernel, Manifest
+from .errors import ArchMismatch, EntryError, FingerprintMismatch, KernelcacheError, StorageError
+from .harvest import KEY_PATTERN
 from .plan.gpus import visible_gpus
 
 STATE_DIR = ".kernelcache"
@@ -122,6 +132,7 @@ def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None 
     path = Path(bundle)
     lim = limits or archive.Limits.from_env()
     manifest = archive.read_manifest(path, lim)
+    check_entries(manifest)
     try:
         here = local_environment(manifest.environment.ptxas or [manifest.target.arch])
     except KernelcacheError:
@@ -139,6 +150,25 @@ def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = Non
             check_gpu: bool = True, limits: archive.Limits | None = None) -> InstallResult:
     """Verify, check against this environment, and publish a bundle. Idempotent."""
     return plan_install(bundle, cache_dir, force, check_gpu, limits).execute()
+
+
+# -- checks on what a bundle declares --------------------------------------------------------------
+
+
+def check_entries(manifest: Manifest) -> None:
+    """Every kernel and module lives in its own Triton key dir; a kernel has its metadata and group."""
+    for item in (*manifest.kernels, *manifest.modules):
+        kind = "kernel" if isinstance(item, Kernel) else "module"
+        if not KEY_PATTERN.fullmatch(item.key):
+            raise EntryError(f"{kind} key {item.key!r} is not a Triton cache key")
+        names = {f.path for f in item.files}
+        outside = sorted(p for p in names if os.path.dirname(p) != item.key)
+        if outside:
+            raise EntryError(f"{kind} {item.key} lists {outside[0]!r}, outside its own directory")
+        if isinstance(item, Kernel):
+            needed = {f"{item.key}/{item.name}.json", f"{item.key}/__grp__{item.name}.json"}
+            if not needed <= names:
+                raise EntryError(f"kernel {item.name} ({item.key}) lacks {sorted(needed - names)[0]!r}")
 
 
 # -- state: receipts, journal, staging ------------------------------------------------------------
@@ -180,29 +210,51 @@ def installed_complete(cache_dir: Path, digest: str, manifest: Manifest) -> bool
     return all(os.path.exists(cache_dir / f.path) for f in manifest.files())
 
 
+def pending_journals(cache_dir: Path) -> list[Path]:
+    """Journals of installs a killed process left half-published (``recover`` finishes them)."""
+    return sorted((Path(cache_dir) / STATE_DIR / "journal").glob("*.json"))
+
+
 def recover(cache_dir: Path, locked: bool = False) -> int:
-    """Finish publishes a killed install left behind; drop staging dirs no journal needs."""
+    """Finish publishes a killed install left behind; drop staging dirs and temp files no journal needs."""
     state = Path(cache_dir) / STATE_DIR
     if not (state / "journal").is_dir():
         return 0
     if not locked:
-        with FileLock(str(state / "lock"), timeout=LOCK_TIMEOUT):
-            return recover(cache_dir, locked=True)
-    finished = 0
-    for journal in sorted((state / "journal").glob("*.json")):
         try:
-            record = json.loads(journal.read_text())
-        except (OSError, ValueError):
-            journal.unlink(missing_ok=True)
-            continue
-        staging = Path(record["staging"])
-        _publish(Path(cache_dir), staging, record["entries"])
-        _write_receipt(Path(cache_dir), record["receipt"])
-        journal.unlink()
-        finished += 1
-    for stale in (state / "staging").iterdir() if (state / "staging").is_dir() else ():
-        shutil.rmtree(stale, ignore_errors=True)
+            with FileLock(str(state / "lock"), timeout=LOCK_TIMEOUT):
+                return recover(cache_dir, locked=True)
+        except Timeout:
+            raise StorageError(f"timed out after {LOCK_TIMEOUT:.0f}s waiting for the lock on {cache_dir}") from None
+        except OSError as exc:
+            raise StorageError(f"cannot finish an interrupted install in {cache_dir}: {exc.strerror or exc}") from None
+    finished = sum(_roll_forward(Path(cache_dir), state, journal) for journal in pending_journals(cache_dir))
+    _sweep(state)
     return finished
+
+
+def _roll_forward(cache_dir: Path, state: Path, journal: Path) -> int:
+    try:
+        record = json.loads(journal.read_text())
+        staging = state / "staging" / Path(record["staging"]).name
+        entries, receipt = record["entries"], record["receipt"]
+    except (OSError, ValueError, KeyError, TypeError):
+        journal.unlink(missing_ok=True)  # torn before its rename: nothing was published under it
+        return 0
+    _publish(cache_dir, staging, entries, [])
+    if all(_complete(cache_dir / rel) for rel in entries):
+        _write_receipt(cache_dir, receipt)
+    journal.unlink()
+    return 1
+
+
+def _sweep(state: Path) -> None:
+    """Remove staging dirs and temporary files; only the lock holder calls this."""
+    for stale in sorted((state / "staging").iterdir()) if (state / "staging").is_dir() else ():
+        shutil.rmtree(stale, ignore_errors=True)
+    for sub in ("journal", "installed"):
+        for temp in (state / sub).glob(".*"):
+            temp.unlink(missing_ok=True)
 
 
 def _install_locked(plan: InstallPlan, state: Path) -> tuple[int, int]:
@@ -210,27 +262,26 @@ def _install_locked(plan: InstallPlan, state: Path) -> tuple[int, int]:
     try:
         archive.extract(plan.bundle, staging, plan.limits)
         _relocate_groups(plan.manifest, staging, plan.cache_dir)
-    except BaseException:
+        entries = entry_dirs(plan.manifest)
+        receipt = {
+            "digest": plan.digest,
+            "bundle": str(plan.bundle),
+            "cache_dir": str(plan.cache_dir),
+            "installed_at": time.time(),
+            "pid": os.getpid(),
+            "entries": entries,
+            "manifest": plan.manifest.to_dict(),
+        }
+        pending = receipt_path(plan.cache_dir, plan.digest).with_name(f".{plan.digest}.json.pending")
+        _atomic_write(pending, json.dumps(receipt, indent=1).encode())
+        journal = state / "journal" / f"{plan.digest}.json"
+        _atomic_write(journal, json.dumps({"staging": staging.name, "entries": entries, "receipt": receipt}).encode())
+        written, present = _publish_or_undo(plan.cache_dir, staging, entries, pending, journal)
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
-    entries = entry_dirs(plan.manifest)
-    receipt = {
-        "digest": plan.digest,
-        "bundle": str(plan.bundle),
-        "cache_dir": str(plan.cache_dir),
-        "installed_at": time.time(),
-        "pid": os.getpid(),
-        "entries": entries,
-        "manifest": plan.manifest.to_dict(),
-    }
-    journal = state / "journal" / f"{plan.digest}.json"
-    _atomic_write(journal, json.dumps({"staging": str(staging), "entries": entries, "receipt": receipt}).encode())
-    written, present = _publish(plan.cache_dir, staging, entries)
-    _write_receipt(plan.cache_dir, receipt)
-    journal.unlink()
-    shutil.rmtree(staging, ignore_errors=True)
-    _log(state, {"event": "extracted", "digest": plan.digest, "pid": os.getpid(), "written": written,
-                 "present": present, "time": time.time()})
+    with contextlib.suppress(OSError):  # the install is complete; a full disk only loses the log line
+        _log(state, {"event": "extracted", "digest": plan.digest, "pid": os.getpid(), "written": written,
+                     "present": present, "time": time.time()})
     return written, present
 
 
@@ -241,16 +292,61 @@ def _write_flashinfer_loader(cache_dir: Path) -> None:
     write_site(cache_dir)
 
 
+def _publish_or_undo(cache_dir: Path, staging: Path, entries: list[str], pending: Path,
+                     journal: Path) -> tuple[int, int]:
+    """Publish, then the receipt; on an OSError move back what this call published, then re-raise."""
+    moved: list[tuple[Path, Path]] = []
+    try:
+        counts = _publish(cache_dir, staging, entries, moved)
+        os.replace(pending, pending.with_name(pending.name.removeprefix(".").removesuffix(".pending")))
+    except OSError:
+        if _undo(moved):
+            journal.unlink(missing_ok=True)
+            pending.unlink(missing_ok=True)
+        raise
+    journal.unlink()
+    return counts
+
+
+def _undo(moved: list[tuple[Path, Path]]) -> bool:
+    """Move published entries back into staging. False: the journal must stay to roll forward."""
+    try:
+        for source, target in reversed(moved):
+            os.rename(target, source)
+    except OSError:
+        return False
+    return True
+
+
 def _relocate_groups(manifest: Manifest, staging: Path, cache_dir: Path) -> None:
-    """Point every group file's children at the final absolute paths (triton-cache.md §1)."""
+    """Check every group file and point its children at the final absolute paths (triton-cache.md §1)."""
     for kernel in manifest.kernels:
         group = staging / kernel.key / f"__grp__{kernel.name}.json"
-        children = json.loads(group.read_text())["child_paths"]
-        final = {name: str(cache_dir / kernel.key / os.path.basename(rel)) for name, rel in children.items()}
+        present = {os.path.basename(f.path) for f in kernel.files}
+        children = _group_children(group, kernel)
+        final = {}
+        for name, rel in children.items():
+            base = os.path.basename(rel)
+            if base not in present or base.startswith("__grp__"):
+                raise EntryError(f"group file of kernel {kernel.name} ({kernel.key}) names {rel!r}, not in its entry")
+            final[name] = str(cache_dir / kernel.key / base)
+        if f"{kernel.name}.json" not in final:
+            raise EntryError(f"group file of kernel {kernel.name} ({kernel.key}) does not list {kernel.name}.json")
         group.write_text(json.dumps({"child_paths": final}))
 
 
-def _publish(cache_dir: Path, staging: Path, entries: list[str]) -> tuple[int, int]:
+def _group_children(group: Path, kernel: Kernel) -> dict[str, str]:
+    try:
+        children = json.loads(group.read_text())["child_paths"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise EntryError(f"group file of kernel {kernel.name} ({kernel.key}) is malformed: {exc!r}") from None
+    if not isinstance(children, dict) or not all(isinstance(v, str) for v in children.values()):
+        raise EntryError(f"group file of kernel {kernel.name} ({kernel.key}) has no child_paths mapping")
+    return children
+
+
+def _publish(cache_dir: Path, staging: Path, entries: list[str], moved: list[tuple[Path, Path]]) -> tuple[int, int]:
+    """Move each staged entry into the cache; record whole-directory moves in ``moved``."""
     written = present = 0
     for rel in entries:
         source, target = staging / rel, cache_dir / rel
@@ -261,6 +357,7 @@ def _publish(cache_dir: Path, staging: Path, entries: list[str]) -> tuple[int, i
         if not target.exists():
             try:
                 os.rename(source, target)
+                moved.append((source, target))
                 written += 1
                 continue
             except OSError:
@@ -276,6 +373,8 @@ def _publish(cache_dir: Path, staging: Path, entries: list[str]) -> tuple[int, i
 
 def _complete(entry: Path) -> bool:
     """A Triton entry with a readable group file whose children all exist, or a module dir."""
+    if not entry.is_dir():
+        return False
     groups = list(entry.glob("__grp__*.json"))
     if not groups:
         files = [p for p in entry.iterdir() if p.is_file()]
@@ -303,11 +402,15 @@ def _write_receipt(cache_dir: Path, receipt: dict) -> None:
 
 def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _log(state: Path, record: dict) -> None:

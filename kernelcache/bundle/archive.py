@@ -4,11 +4,20 @@ Writing: members sorted by path, fixed mtime (SOURCE_DATE_EPOCH or 0), uid/gid 0
 mode 0644, regular files only, one zstd frame at a fixed level, published with ``os.replace``.
 The same inputs give byte-identical bundles.
 
-Reading is a single streaming pass that trusts nothing: the manifest must come first; every
-following member must be a regular file with a plain relative name, listed in the manifest, of
-the size the manifest says, with the sha256 it says, seen once; the decompressed total, each
-member and the member count are capped (``Limits``). Any violation raises a ``BundleError``
-subclass with its own exit code before anything is handed to the caller as trusted.
+Reading is a single streaming pass that trusts nothing:
+
+* the file must be exactly one complete zstd frame: nothing after it, not cut short, its content
+  checksum right; compressed input is fed in small slices so no single step expands far (bombs);
+* the decompressed stream is capped, first at the manifest size limit, then, once the manifest is
+  read, at what a tar of exactly the manifest's members can take (``tar_bound``);
+* the manifest must come first; every name it lists is a plain relative path, listed once, never
+  both a file and a directory; sizes and counts are within ``Limits``;
+* every following member must be a regular file (no links, devices, fifos, directories, sparse
+  files) with a plain name, listed in the manifest, of the size it says, seen once, and streamed to
+  its destination while its sha256 is checked.
+
+Any violation raises a ``BundleError`` subclass with its own exit code. ``extract`` writes only
+inside the fresh directory it is given, and the caller discards it on error.
 """
 
 from __future__ import annotations
@@ -25,18 +34,24 @@ from pathlib import Path
 import zstandard
 
 from ..errors import (
+    BundleError,
     BundleFormatError,
     BundleManifestError,
     IntegrityError,
     LimitExceededError,
     StorageError,
     UnsafeMemberError,
+    UsageError,
 )
-from .manifest import MANIFEST_NAME, Manifest
+from .manifest import MANIFEST_NAME, FileRecord, Manifest
 
 ZSTD_LEVEL = 19
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 CHUNK = 1 << 20
+READAHEAD = 64 << 10  # decompressed bytes buffered ahead of the tar reader
+FEED = 2048  # compressed bytes per decompress call: at most ~64 MiB out however extreme the ratio
+BLOCK = tarfile.BLOCKSIZE
+HEADER_ALLOWANCE = 4 * BLOCK  # a member's header plus a PAX header for a long name
 _SAFE_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]{0,199}")
 MAX_DEPTH = 4
 
@@ -56,8 +71,16 @@ class Limits:
         for name, default in (("total_bytes", cls.total_bytes), ("member_bytes", cls.member_bytes),
                               ("members", cls.members), ("manifest_bytes", cls.manifest_bytes)):
             env = os.environ.get(f"KERNELCACHE_MAX_{name.upper()}")
-            values[name] = overrides.get(name) or (int(env) if env else default)
+            values[name] = overrides.get(name) or (parse_size(env) if env else default)
         return cls(**values)
+
+
+def parse_size(text: str) -> int:
+    """``"512M"``, ``"2G"``, ``"65536"`` -> bytes (binary units: K = 1024)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(i?B)?\s*", str(text), re.IGNORECASE)
+    if not match:
+        raise UsageError(f"not a size: {text!r} (expected e.g. 65536, 512M or 2G)")
+    return int(match.group(1)) << (10 * " KMGT".index(match.group(2).upper() or " "))
 
 
 def source_date_epoch() -> int:
@@ -121,31 +144,73 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: int) -> None:
 # -- reading -------------------------------------------------------------------------------------
 
 
-class _Capped(io.RawIOBase):
-    """A decompressed stream that refuses to expand past ``limit`` bytes (zstd bombs)."""
+class _Frame(io.RawIOBase):
+    """Exactly one complete zstd frame, decompressed under a byte cap.
 
-    def __init__(self, stream, limit: int):
-        self.stream, self.limit, self.seen = stream, limit, 0
+    Compressed input is fed in small slices, so one call never expands past about 64 MiB however
+    extreme the ratio (zstd bombs); ``limit`` caps the total and can be tightened once the manifest
+    says how much is coming. The stream must end where the frame ends: input that runs out inside
+    the frame is a truncated bundle, bytes after it are refused, and libzstd checks the frame's
+    content checksum when it reaches the end.
+    """
+
+    def __init__(self, raw, limit: int, name: str):
+        self.raw, self.limit, self.name, self.seen = raw, limit, name, 0
+        self.zstd = zstandard.ZstdDecompressor().decompressobj()
+        self.pending = memoryview(b"")
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
+        view, filled = memoryview(buffer).cast("B"), 0
+        while filled < len(view):
+            if not self.pending:
+                if self.zstd.eof:
+                    self._check_end()
+                    break
+                self.pending = memoryview(self._decompress(self._input()))
+                continue
+            count = min(len(view) - filled, len(self.pending))
+            view[filled:filled + count] = self.pending[:count]
+            self.pending = self.pending[count:]
+            filled += count
+        return filled
+
+    def _input(self) -> bytes:
+        data = self.raw.read(FEED)
+        if not data:
+            raise BundleFormatError(f"{self.name} is truncated: the zstd frame ends early")
+        return data
+
+    def _decompress(self, data: bytes) -> bytes:
         try:
-            data = self.stream.read(len(buffer))
+            out = self.zstd.decompress(data)
         except zstandard.ZstdError as exc:
-            raise BundleFormatError(f"corrupt zstd stream: {exc}") from None
-        self.seen += len(data)
+            raise BundleFormatError(f"{self.name}: corrupt zstd stream: {exc}") from None
+        self.seen += len(out)
         if self.seen > self.limit:
-            raise LimitExceededError(f"bundle expands past the {self.limit} byte limit")
-        buffer[: len(data)] = data
-        return len(data)
+            raise LimitExceededError(f"{self.name} expands past {self.limit} bytes, more than its manifest allows")
+        return out
+
+    def _check_end(self) -> None:
+        if self.zstd.unused_data or self.raw.read(1):
+            raise BundleFormatError(f"{self.name} has data after the end of its zstd frame")
+
+
+def tar_bound(manifest: Manifest, manifest_size: int) -> int:
+    """The most bytes a well-formed tar of this manifest can take (headers, padding, long names)."""
+    def padded(size: int) -> int:
+        return -(-size // BLOCK) * BLOCK
+
+    members = sum(padded(f.size) + HEADER_ALLOWANCE for f in manifest.files())
+    return HEADER_ALLOWANCE + padded(manifest_size) + members + tarfile.RECORDSIZE + 2 * BLOCK
 
 
 def read_manifest(path: str | os.PathLike, limits: Limits | None = None) -> Manifest:
     """Only the manifest (the first member): enough for inspect, diff and planning an install."""
-    with _open_tar(path, limits or Limits.from_env()) as (tar, lim):
-        return _first_manifest(tar, lim)
+    with _open_tar(path, limits or Limits.from_env()) as reader:
+        return reader.manifest()
 
 
 def bundle_digest(manifest: Manifest) -> str:
@@ -155,126 +220,180 @@ def bundle_digest(manifest: Manifest) -> str:
 
 def iter_members(path: str | os.PathLike, limits: Limits | None = None) -> Iterator[tuple[Manifest, str, bytes]]:
     """Yield (manifest, member path, verified bytes) for every member, checking everything."""
-    lim = limits or Limits.from_env()
-    with _open_tar(path, lim) as (tar, lim):
-        manifest = _first_manifest(tar, lim)
-        expected = manifest.file_map()
-        if len(expected) + 1 > lim.members:
-            raise LimitExceededError(f"bundle lists {len(expected)} members, over the limit of {lim.members}")
-        seen: set[str] = set()
-        for info in _members(tar):
-            record = _admit(info, expected, seen, lim)
-            data = _read_verified(tar, info, record)
-            yield manifest, info.name, data
-        missing = sorted(set(expected) - seen)
-        if missing:
-            raise IntegrityError(f"{len(missing)} member(s) listed in the manifest are missing, e.g. {missing[0]}")
+    with _open_tar(path, limits or Limits.from_env()) as reader:
+        manifest = reader.manifest()
+        for info, record in reader.members():
+            yield manifest, info.name, reader.read_verified(info, record)
+        reader.finish()
 
 
 def extract(path: str | os.PathLike, dest: str | os.PathLike, limits: Limits | None = None) -> Manifest:
-    """Verify and write every member under ``dest`` (a fresh staging dir). Returns the manifest."""
+    """Verify and write every member under ``dest`` (a fresh staging dir). Returns the manifest.
+
+    A member is streamed to its file while it is hashed; if its sha256 is wrong, or anything later
+    in the bundle is, this raises and the caller discards ``dest`` (nothing outside it is touched).
+    """
     root = Path(dest)
-    manifest = None
-    for current, name, data in iter_members(path, limits):
-        manifest = current
-        target = root.joinpath(*name.split("/"))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-    if manifest is None:
-        manifest = read_manifest(path, limits)
+    with _open_tar(path, limits or Limits.from_env()) as reader:
+        manifest = reader.manifest()
+        for info, record in reader.members():
+            target = root.joinpath(*info.name.split("/"))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as handle:
+                reader.copy_verified(info, record, handle)
+        reader.finish()
     return manifest
 
 
 class _open_tar:
+    """One pass over a bundle: the manifest, then members in order, then the end of the frame."""
+
     def __init__(self, path, limits: Limits):
         self.path, self.limits = Path(path), limits
+        self.expected: dict[str, FileRecord] = {}
+        self.seen: set[str] = set()
 
-    def __enter__(self):
+    def __enter__(self) -> _open_tar:
         try:
             self.raw = open(self.path, "rb")
         except OSError as exc:
             raise BundleFormatError(f"cannot open bundle {self.path}: {exc.strerror or exc}") from None
-        if self.raw.read(4) != ZSTD_MAGIC:
-            self.raw.close()
-            raise BundleFormatError(f"{self.path} is not a zstd-compressed bundle")
-        self.raw.seek(0)
-        reader = zstandard.ZstdDecompressor().stream_reader(self.raw, read_across_frames=True)
-        stream = io.BufferedReader(_Capped(reader, self.limits.total_bytes), buffer_size=CHUNK)
         try:
-            self.tar = tarfile.open(fileobj=stream, mode="r|")
-        except (tarfile.TarError, EOFError) as exc:
+            if self.raw.read(4) != ZSTD_MAGIC:
+                raise BundleFormatError(f"{self.path} is not a zstd-compressed bundle")
+            self.raw.seek(0)
+            first = self.limits.manifest_bytes + HEADER_ALLOWANCE + 2 * READAHEAD + tarfile.RECORDSIZE
+            self.frame = _Frame(self.raw, first, self.path.name)
+            self.stream = io.BufferedReader(self.frame, buffer_size=READAHEAD)
+            try:
+                self.tar = tarfile.open(fileobj=self.stream, mode="r|")
+            except (tarfile.TarError, EOFError) as exc:
+                raise BundleFormatError(f"{self.path} is not a tar stream: {exc}") from None
+        except BaseException:
             self.raw.close()
-            raise BundleFormatError(f"{self.path} is not a tar stream: {exc}") from None
-        return self.tar, self.limits
+            raise
+        return self
 
     def __exit__(self, *exc_info):
         self.raw.close()
         return False
 
+    def manifest(self) -> Manifest:
+        first = self._next()
+        if first is None or first.name != MANIFEST_NAME:
+            raise BundleManifestError("manifest.json is not the first member of the bundle")
+        if not _plain_file(first):
+            raise UnsafeMemberError("manifest.json is not a regular file")
+        if first.size > self.limits.manifest_bytes:
+            raise LimitExceededError(
+                f"manifest.json is {first.size} bytes, over the {self.limits.manifest_bytes} byte limit")
+        manifest = Manifest.from_json(self._read(first))
+        check_manifest(manifest, self.limits)
+        self.expected = manifest.file_map()
+        self.frame.limit = tar_bound(manifest, first.size)
+        return manifest
 
-def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
-    while True:
+    def members(self) -> Iterator[tuple[tarfile.TarInfo, FileRecord]]:
+        while (info := self._next()) is not None:
+            yield info, self._admit(info)
+        missing = sorted(set(self.expected) - self.seen)
+        if missing:
+            raise IntegrityError(f"{len(missing)} member(s) listed in the manifest are missing, e.g. {missing[0]}")
+
+    def finish(self) -> None:
+        """Read to the end of the frame, so truncation, trailing data and the checksum are checked."""
+        while self.stream.read(CHUNK):
+            pass
+
+    def read_verified(self, info: tarfile.TarInfo, record: FileRecord) -> bytes:
+        buffer = io.BytesIO()
+        self.copy_verified(info, record, buffer)
+        return buffer.getvalue()
+
+    def copy_verified(self, info: tarfile.TarInfo, record: FileRecord, out) -> None:
+        if self._copy(info, out) != record.sha256:
+            raise IntegrityError(f"member {info.name!r} does not match its sha256 in the manifest")
+
+    def _copy(self, info: tarfile.TarInfo, out) -> str:
+        """Stream one member's bytes to ``out``; return their sha256."""
+        digest, copied = hashlib.sha256(), 0
+        handle = self.tar.extractfile(info)
+        while chunk := self._chunk(handle, info):
+            digest.update(chunk)
+            out.write(chunk)
+            copied += len(chunk)
+        if copied != info.size:
+            raise BundleFormatError(f"truncated member {info.name!r}")
+        return digest.hexdigest()
+
+    @staticmethod
+    def _chunk(handle, info: tarfile.TarInfo) -> bytes:
         try:
-            info = tar.next()
+            return handle.read(CHUNK)
+        except BundleError:
+            raise
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            raise BundleFormatError(f"truncated or corrupt tar stream in {info.name!r}: {exc}") from None
+
+    def _next(self) -> tarfile.TarInfo | None:
+        try:
+            return self.tar.next()
         except (tarfile.TarError, EOFError) as exc:
             raise BundleFormatError(f"truncated or corrupt tar stream: {exc}") from None
-        if info is None:
-            return
-        yield info
+
+    def _read(self, info: tarfile.TarInfo) -> bytes:
+        buffer = io.BytesIO()
+        self._copy(info, buffer)  # the manifest has no sha256 of its own: the bundle digest is its hash
+        return buffer.getvalue()
+
+    def _admit(self, info: tarfile.TarInfo) -> FileRecord:
+        check_member_name(info.name)
+        if not _plain_file(info):
+            raise UnsafeMemberError(
+                f"member {info.name!r} is not a regular file ({_kind(info)}; links, devices and fifos are refused)")
+        if info.name in self.seen or info.name == MANIFEST_NAME:
+            raise UnsafeMemberError(f"member {info.name!r} appears twice")
+        record = self.expected.get(info.name)
+        if record is None:
+            raise IntegrityError(f"member {info.name!r} is not listed in the manifest")
+        if info.size != record.size:
+            raise IntegrityError(f"member {info.name!r} is {info.size} bytes, the manifest says {record.size}")
+        self.seen.add(info.name)
+        return record
 
 
-def _first_manifest(tar: tarfile.TarFile, lim: Limits) -> Manifest:
-    first = next(_members(tar), None)
-    if first is None or first.name != MANIFEST_NAME:
-        raise BundleManifestError("manifest.json is not the first member of the bundle")
-    if not first.isreg():
-        raise UnsafeMemberError("manifest.json is not a regular file")
-    if first.size > lim.manifest_bytes:
-        raise LimitExceededError(f"manifest.json is {first.size} bytes, over the {lim.manifest_bytes} byte limit")
-    manifest = Manifest.from_json(_read(tar, first))
-    for record in manifest.files():
-        check_member_name(record.path)
-        if record.size > lim.member_bytes:
-            raise LimitExceededError(f"{record.path} is {record.size} bytes, over the member limit")
-    if manifest.total_size > lim.total_bytes:
-        raise LimitExceededError(f"bundle holds {manifest.total_size} bytes, over the {lim.total_bytes} byte limit")
-    return manifest
+def check_manifest(manifest: Manifest, limits: Limits) -> None:
+    """Member names, layout and sizes a manifest may declare, before any member is read."""
+    records = list(manifest.files())
+    if len(records) + 1 > limits.members:
+        raise LimitExceededError(f"bundle lists {len(records)} members, over the limit of {limits.members}")
+    paths = [r.path for r in records]
+    for path in paths:
+        check_member_name(path)
+    if len(set(paths)) != len(paths):
+        twice = sorted(p for p in set(paths) if paths.count(p) > 1)[0]
+        raise BundleManifestError(f"manifest.json lists {twice!r} twice")
+    parents = {"/".join(p.split("/")[:i]) for p in paths for i in range(1, p.count("/") + 1)}
+    clash = sorted((set(paths) & parents) | {p for p in paths if "/" not in p})
+    if clash:
+        raise BundleManifestError(f"manifest.json lists {clash[0]!r} as a file where a directory must be")
+    for record in records:
+        if record.size > limits.member_bytes:
+            raise LimitExceededError(
+                f"{record.path} is {record.size} bytes, over the {limits.member_bytes} byte member limit")
+    if manifest.total_size > limits.total_bytes:
+        raise LimitExceededError(
+            f"bundle holds {manifest.total_size} bytes, over the {limits.total_bytes} byte limit")
 
 
-def _admit(info: tarfile.TarInfo, expected: dict, seen: set[str], lim: Limits):
-    check_member_name(info.name)
-    if not info.isreg():
-        raise UnsafeMemberError(f"member {info.name!r} is not a regular file (links and devices are refused)")
-    if info.name in seen or info.name == MANIFEST_NAME:
-        raise UnsafeMemberError(f"member {info.name!r} appears twice")
-    record = expected.get(info.name)
-    if record is None:
-        raise IntegrityError(f"member {info.name!r} is not listed in the manifest")
-    if info.size != record.size:
-        raise IntegrityError(f"member {info.name!r} is {info.size} bytes, the manifest says {record.size}")
-    if info.size > lim.member_bytes:
-        raise LimitExceededError(f"member {info.name!r} is over the {lim.member_bytes} byte member limit")
-    seen.add(info.name)
-    if len(seen) + 1 > lim.members:
-        raise LimitExceededError(f"bundle has more than {lim.members} members")
-    return record
+def _plain_file(info: tarfile.TarInfo) -> bool:
+    return info.type == tarfile.REGTYPE and info.sparse is None
 
 
-def _read(tar: tarfile.TarFile, info: tarfile.TarInfo) -> bytes:
-    handle = tar.extractfile(info)
-    try:
-        data = handle.read()
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        raise BundleFormatError(f"truncated or corrupt tar stream in {info.name!r}: {exc}") from None
-    if len(data) != info.size:
-        raise BundleFormatError(f"truncated member {info.name!r}")
-    return data
-
-
-def _read_verified(tar: tarfile.TarFile, info: tarfile.TarInfo, record) -> bytes:
-    data = _read(tar, info)
-    if hashlib.sha256(data).hexdigest() != record.sha256:
-        raise IntegrityError(f"member {info.name!r} does not match its sha256 in the manifest")
-    return data
+def _kind(info: tarfile.TarInfo) -> str:
+    kinds = {tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hardlink", tarfile.CHRTYPE: "character device",
+             tarfile.BLKTYPE: "block device", tarfile.FIFOTYPE: "fifo", tarfile.DIRTYPE: "directory"}
+    if info.sparse is not None:
+        return "sparse file"
+    return kinds.get(info.type, f"tar type {info.type!r}")

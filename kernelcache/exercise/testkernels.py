@@ -60,25 +60,36 @@ def gumbel_argmax_kernel(logits_ptr, out_ptr, stride, vocab, seed, BLOCK: tl.con
     tl.store(out_ptr + row, idx)
 
 
-def run() -> int:
+def run(device: str = "cpu") -> int:
     """Launch every kernel across its specialization classes; returns the launch count."""
     import torch
 
     launches = 0
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for n in (4096, 4097, 1):
-            x = torch.zeros(max(n, 16), dtype=dtype)
+            x = torch.zeros(max(n, 16), dtype=dtype, device=device)
             add_kernel[(triton.cdiv(n, 1024),)](x, x, x, n, BLOCK=1024)
             launches += 1
         for square in (False, True):
-            x = torch.zeros(4096, dtype=dtype)
+            x = torch.zeros(4096, dtype=dtype, device=device)
             scale_kernel[(4,)](x, x, 4096, 0.5, BLOCK=1024, SQUARE=square)
             launches += 1
     for vocab, warps in ((32000, 4), (50257, 4), (32000, 8)):
-        logits = torch.zeros((2, vocab), dtype=torch.float32)
-        out = torch.zeros(2, dtype=torch.float32)
+        logits = torch.zeros((2, vocab), dtype=torch.float32, device=device)
+        out = torch.zeros(2, dtype=torch.float32, device=device)
         row_max_kernel[(2,)](logits, out, logits.stride(0), vocab, BLOCK=1024, num_warps=warps)
-        idx = torch.zeros(2, dtype=torch.int32)
+        idx = torch.zeros(2, dtype=torch.int32, device=device)
         gumbel_argmax_kernel[(2,)](logits, idx, logits.stride(0), vocab, 1234, BLOCK=1024, num_warps=warps)
         launches += 2
     return launches
+
+
+def run_variants(device: str = "cpu") -> int:
+    """Specializations ``run()`` never launches (another BLOCK, num_warps=2): misses against its bundle."""
+    import torch
+
+    x = torch.ones(4096, dtype=torch.float32, device=device)
+    out = torch.empty_like(x)
+    add_kernel[(8,)](x, x, out, 4096, BLOCK=512)
+    scale_kernel[(4,)](x, out, 4096, 0.5, BLOCK=1024, SQUARE=True, num_warps=2)
+    return 2

@@ -70,6 +70,13 @@ def run(command: Sequence[str], bundle: str | os.PathLike | None = None,
     if not command:
         raise UsageError("nothing to run: give a command after --")
     _, variables = prepare(bundle, cache_dir, force)
+    exec_command(command, variables)
+
+
+def exec_command(command: Sequence[str], variables: dict[str, str]) -> None:
+    """Replace this process with ``command``, its environment updated with ``variables``."""
+    if not command:
+        raise UsageError("nothing to run: give a command after --")
     env = {**os.environ, **variables}
     sys.stdout.flush()
     sys.stderr.flush()

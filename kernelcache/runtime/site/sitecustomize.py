@@ -1,29 +1,89 @@
-"""kernelcache's process hook, put on PYTHONPATH by `kernelcache capture` and `verify`.
+"""kernelcache's process hook, put on PYTHONPATH by ``kernelcache env/run --read-only`` and ``capture``.
 
-When KERNELCACHE_COMPILE_LOG is set, every Triton compile() of this process (hit or miss) and every
-gcc build of a Triton helper module is appended to that log, from the moment Triton is imported.
-Nothing happens in processes that never import Triton. Another sitecustomize further down
-sys.path still runs.
+* Overlay (``KERNELCACHE_MISS_LOG`` set and the overlay manager selected): when ``triton.knobs`` is
+  first imported, ``knobs.compilation.listener`` is pointed at ``kernelcache_overlay.on_compile``
+  (imported only when a compile happens), which gives the miss log each missed kernel's specialization.
+* Compile log (``KERNELCACHE_COMPILE_LOG`` set, as ``capture`` does): once ``triton`` is imported,
+  every compile() (hit or miss) and every gcc build of a Triton helper module is appended to the log.
+
+Nothing here imports Triton early; processes that never import it are untouched. Any
+``sitecustomize`` this one shadows on ``sys.path`` still runs, first.
 """
 
+from __future__ import annotations
+
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import sys
 
+KERNELCACHE_OVERLAY_LISTENER = False  # True once Triton's listener points here (kernelcache_overlay checks)
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
-class _AfterTritonImport(importlib.abc.MetaPathFinder):
+
+def _run_shadowed_sitecustomize() -> None:
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+def _listener(**kwargs) -> None:
+    import kernelcache_overlay
+
+    kernelcache_overlay.on_compile(**kwargs)
+
+
+def _attach(knobs) -> None:
+    global KERNELCACHE_OVERLAY_LISTENER
+    previous = knobs.compilation.listener
+
+    def listener(**kwargs):
+        _listener(**kwargs)
+        if previous is not None:
+            previous(**kwargs)
+
+    knobs.compilation.listener = listener
+    KERNELCACHE_OVERLAY_LISTENER = True
+
+
+class _AfterKnobs(importlib.abc.MetaPathFinder):
+    """Let ``triton.knobs`` load normally, then attach the listener to it."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "triton.knobs":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            _attach(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+class _AfterTriton(importlib.abc.MetaPathFinder):
+    """Let ``triton`` load normally, then record its compiles into KERNELCACHE_COMPILE_LOG."""
+
     def find_spec(self, name, path=None, target=None):
         if name != "triton":
             return None
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("triton")
+        spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
-        original = spec.loader.exec_module
+        load = spec.loader.exec_module
 
         def exec_module(module):
-            original(module)
+            load(module)
             from kernelcache.exercise import listener
 
             listener.install()
@@ -33,15 +93,10 @@ class _AfterTritonImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _chain_next_sitecustomize():
-    here = os.path.dirname(os.path.abspath(__file__))
-    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
-    if spec is not None and spec.loader is not None:
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-
-
-if os.environ.get("KERNELCACHE_COMPILE_LOG"):
-    sys.meta_path.insert(0, _AfterTritonImport())
-_chain_next_sitecustomize()
+try:
+    _run_shadowed_sitecustomize()
+finally:
+    if os.environ.get("KERNELCACHE_MISS_LOG") and "kernelcache_overlay" in os.environ.get("TRITON_CACHE_MANAGER", ""):
+        sys.meta_path.insert(0, _AfterKnobs())
+    if os.environ.get("KERNELCACHE_COMPILE_LOG"):
+        sys.meta_path.insert(0, _AfterTriton())

@@ -1,0 +1,90 @@
+"""Read-only base + writable overlay: the environment that makes Triton use ``kernelcache_overlay``.
+
+``kernelcache env --read-only`` / ``kernelcache run --read-only`` call ``overlay_environment``. The
+base is an installed cache that cannot be written (an image layer, an OCI image volume, a
+read-only PVC); it is checked, never changed. The overlay is a writable dir (an emptyDir) where
+the misses are compiled, and the miss log lists them for ``kernelcache build --from-misses``.
+The manager itself is ``runtime/site/kernelcache_overlay.py``, which the served interpreter
+imports from ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..bundle.manifest import Manifest
+from ..errors import BaseUnusable, StorageError, UsageError
+from ..install import STATE_DIR, installed_complete, pending_journals, receipts, resolve_cache_dir
+
+SITE_DIR = Path(__file__).resolve().parent / "site"
+MANAGER = "kernelcache_overlay:OverlayCacheManager"
+OVERLAY_ENV = "KERNELCACHE_OVERLAY"
+
+
+@dataclass(frozen=True)
+class Overlay:
+    base: Path
+    overlay: Path
+    miss_log: Path
+    bundles: int  # complete installed bundles found in the base
+
+    def environment(self) -> dict[str, str]:
+        path = [str(SITE_DIR), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+        return {
+            "TRITON_CACHE_DIR": str(self.overlay),
+            "TRITON_CACHE_MANAGER": MANAGER,
+            "KERNELCACHE_BASE_DIR": str(self.base),
+            "KERNELCACHE_MISS_LOG": str(self.miss_log),
+            "PYTHONPATH": os.pathsep.join(dict.fromkeys(path)),
+        }
+
+
+def default_overlay() -> Path:
+    return Path(os.environ.get(OVERLAY_ENV) or Path(tempfile.gettempdir()) / "kernelcache-overlay")
+
+
+def prepare_overlay(base: str | os.PathLike | None, overlay: str | os.PathLike | None = None,
+                    miss_log: str | os.PathLike | None = None) -> Overlay:
+    """Check the base (read only), create the overlay, and return the set-up."""
+    root = resolve_cache_dir(base)
+    top = Path(os.path.abspath(overlay)) if overlay is not None else default_overlay()
+    if top == root:
+        raise UsageError(f"the overlay must not be the read-only base ({root})")
+    bundles = check_base(root)
+    log = Path(os.path.abspath(miss_log)) if miss_log is not None else top / STATE_DIR / "misses.jsonl"
+    _writable(top)
+    _writable(log.parent)
+    return Overlay(root, top, log, bundles)
+
+
+def overlay_environment(base: str | os.PathLike | None, overlay: str | os.PathLike | None = None,
+                        miss_log: str | os.PathLike | None = None) -> dict[str, str]:
+    return prepare_overlay(base, overlay, miss_log).environment()
+
+
+def check_base(root: Path) -> int:
+    """Refuse a base that would miss: absent, half-installed, or missing files its receipts list."""
+    if not root.is_dir():
+        raise BaseUnusable(f"read-only base {root} is not a directory")
+    if pending_journals(root):
+        raise BaseUnusable(f"read-only base {root} holds an unfinished install; run `kernelcache install` "
+                           "into it while it is still writable")
+    complete = 0
+    for receipt in receipts(root):
+        manifest = Manifest.from_dict(receipt.get("manifest"))
+        if not installed_complete(root, receipt["digest"], manifest):
+            raise BaseUnusable(f"read-only base {root} lacks files of bundle {receipt['digest'][:16]}")
+        complete += 1
+    return complete
+
+
+def _writable(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".kernelcache-probe-"):
+            pass
+    except OSError as exc:
+        raise StorageError(f"overlay {path} is not writable: {exc.strerror or exc}") from None
