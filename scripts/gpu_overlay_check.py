@@ -49,10 +49,13 @@ def main() -> int:
         return child(Path(args.child), args.fake)
     out = Path(os.environ.get("OUT") or ".") / "gpu_overlay_check.json"
     report: dict = {"started": time.time(), "fake": args.fake, "host": environment(args.fake)}
+    work = Path(args.work or tempfile.mkdtemp(prefix="kc-overlay-"))
     try:
-        run_all(Path(args.work or tempfile.mkdtemp(prefix="kc-overlay-")), args.fake, report)
+        run_all(work, args.fake, report)
     except Exception as exc:  # noqa: BLE001 -- the report says where it stopped
         report["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        cleanup(work / "ro")
     report["seconds"] = time.time() - report["started"]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1, default=str))
@@ -122,7 +125,6 @@ def run_all(work: Path, fake: bool, report: dict) -> None:
     report["control_plain_triton"] = {"ok": control.get("ok"),
                                       "error": (control.get("tasks") or [{}])[0].get("error", "")[:300]}
     report["verdict"] = verdict(report, misses)
-    cleanup(work / "ro")
 
 
 def verdict(report: dict, misses: list[dict]) -> str:
@@ -275,7 +277,12 @@ def snapshot(root: Path) -> dict:
 
 
 def cleanup(dst: Path) -> None:
-    _sh("umount", "-l", str(dst))
+    """Undo every mount stacked on ``dst`` (a bind mount, or a tmpfs), so nothing outlives the run."""
+    for _ in range(4):  # os.path.ismount misses a bind mount of the same filesystem: ask the kernel
+        with open("/proc/self/mounts", encoding="utf-8") as mounts:
+            if not any(line.split()[1] == str(dst) for line in mounts):
+                return
+        _sh("umount", "-l", str(dst))
 
 
 def _sh(*cmd: str) -> bool:

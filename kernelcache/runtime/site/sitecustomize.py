@@ -50,11 +50,14 @@ def _attach(knobs) -> None:
     KERNELCACHE_OVERLAY_LISTENER = True
 
 
-class _AfterKnobs(importlib.abc.MetaPathFinder):
-    """Let ``triton.knobs`` load normally, then attach the listener to it."""
+class _After(importlib.abc.MetaPathFinder):
+    """Let module ``name`` load normally, then call ``then(module)`` (once)."""
+
+    def __init__(self, name, then):
+        self.name, self.then = name, then
 
     def find_spec(self, name, path=None, target=None):
-        if name != "triton.knobs":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -64,39 +67,24 @@ class _AfterKnobs(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             load(module)
-            _attach(module)
+            self.then(module)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
-class _AfterTriton(importlib.abc.MetaPathFinder):
-    """Let ``triton`` load normally, then record its compiles into KERNELCACHE_COMPILE_LOG."""
+def _record_compiles(triton) -> None:
+    """Every compile() and gcc build of this process into KERNELCACHE_COMPILE_LOG."""
+    from kernelcache.exercise import listener
 
-    def find_spec(self, name, path=None, target=None):
-        if name != "triton":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        load = spec.loader.exec_module
-
-        def exec_module(module):
-            load(module)
-            from kernelcache.exercise import listener
-
-            listener.install()
-            listener.count_builds()
-
-        spec.loader.exec_module = exec_module
-        return spec
+    listener.install()
+    listener.count_builds()
 
 
 try:
     _run_shadowed_sitecustomize()
 finally:
     if os.environ.get("KERNELCACHE_MISS_LOG") and "kernelcache_overlay" in os.environ.get("TRITON_CACHE_MANAGER", ""):
-        sys.meta_path.insert(0, _AfterKnobs())
+        sys.meta_path.insert(0, _After("triton.knobs", _attach))
     if os.environ.get("KERNELCACHE_COMPILE_LOG"):
-        sys.meta_path.insert(0, _AfterTriton())
+        sys.meta_path.insert(0, _After("triton", _record_compiles))
