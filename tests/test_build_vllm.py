@@ -48,7 +48,11 @@ def test_build_lists_every_registry_variant(cross_build):
     coverage = data["build"]["coverage"]
     assert coverage["_topk_topp_kernel"]["by_path"]["registry"] == 12
     assert 0 < coverage["_topk_topp_kernel"]["by_path"]["mrv1"] <= 12
-    assert {m["kind"] for m in data["modules"]} == {"launcher", "cuda_utils"}
+    import triton
+
+    per_kernel_launchers = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
+    expected = {"launcher", "cuda_utils"} if per_kernel_launchers else {"cuda_utils"}
+    assert {m["kind"] for m in data["modules"]} == expected
 
 
 def test_keys_equal_what_vllm_itself_asks_for(cross_build, tmp_path):
@@ -100,6 +104,7 @@ def test_verify_counts_hits_and_fails_on_a_missing_kernel(cross_build, tmp_path)
     report = json.loads(kc("verify", str(bundle), "--json", check=True).stdout)
     assert report["ok"] and report["compiles"] == 0 and report["hits"] > 40 and report["mode"] == "cross"
     assert report["gcc_builds"] == [] and report["files_written"] == []
+    assert all("cuda_utils" in t for t in report["tolerated"])
 
     cache = tmp_path / "c"
     kc("install", str(bundle), "--cache-dir", str(cache), check=True)
