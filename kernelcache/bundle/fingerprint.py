@@ -45,10 +45,6 @@ def package_version(name: str) -> str | None:
         return None
 
 
-def triton_available() -> bool:
-    return package_version("triton") is not None
-
-
 def local_environment(archs: Iterable[str]) -> Environment:
     """Fingerprint this interpreter's Triton for the given target archs (imports triton)."""
     try:

@@ -172,11 +172,6 @@ class Manifest:
             raise BundleManifestError(f"manifest.json is not valid JSON: {exc}") from None
         return cls.from_dict(data)
 
-    def replace_build(self, **changes: Any) -> Manifest:
-        from dataclasses import replace
-
-        return replace(self, build=replace(self.build, **changes))
-
 
 def arch_to_capability(arch: str) -> int:
     """"sm_90" / "sm_90a" / "90" -> 90."""

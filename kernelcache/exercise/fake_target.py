@@ -38,7 +38,6 @@ class FakeUtils:
             "mem_clock_rate": 3_201_000,
             "mem_bus_width": 6144,
         }
-        self.real = None  # the real cuda_utils module, built against the stub when asked
 
     def get_device_properties(self, device: int) -> dict:
         return dict(self.props)

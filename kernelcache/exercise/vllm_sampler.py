@@ -23,7 +23,6 @@ import os
 from collections import Counter
 from typing import Any
 
-VLLM_PATHS = ("registry", "mrv1", "mrv2")
 SPLIT_MAX_BATCH = 64  # vllm/v1/sample/ops/topk_topp_triton.py _SPLIT_MAX_BATCH
 VOCAB_PADDING = 64  # vllm/model_executor/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
 
