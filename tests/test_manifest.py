@@ -56,6 +56,7 @@ def test_non_finite_constexpr_becomes_a_string():
     (lambda d: d["kernels"][0]["files"][0].update(size=-1), "size"),
     (lambda d: d["kernels"][0]["files"][0].update(size="10"), "size"),
     (lambda d: d["target"].update(colour="red"), "unknown Target field"),
+    (lambda d: d.update(signature="trust me"), "unknown top-level field"),
 ])
 def test_bad_manifests_are_refused_with_one_line(mutate, message):
     data = json.loads(sample().to_json())

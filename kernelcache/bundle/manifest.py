@@ -149,6 +149,9 @@ class Manifest:
             raise BundleManifestError(
                 f"manifest format_version {version!r} is not supported (this kernelcache reads {FORMAT_VERSION})"
             )
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise BundleManifestError(f"manifest.json has unknown top-level field(s): {', '.join(sorted(unknown))}")
         try:
             return Manifest(
                 format_version=version,
