@@ -169,6 +169,22 @@ def _pax_bomb(before_manifest: bool) -> Callable[[Base], bytes]:
     return build
 
 
+def _header_chain(before_manifest: bool, count: int = 2000) -> Callable[[Base], bytes]:
+    """``count`` pax extended headers in a row, each a harmless comment: tarfile recurses once per header."""
+    def blob(member: tarfile.TarInfo, data: bytes) -> bytes:
+        return member.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape") + data + b"\0" * (-len(data) % 512)
+
+    def build(base: Base) -> bytes:
+        record = b"13 comment=x\n"
+        chain = blob(info("././@PaxHeader", len(record), tarfile.XHDTYPE), record) * count
+        manifest = blob(*regular(MANIFEST_NAME, manifest_json(base.manifest)))
+        members = b"".join(blob(*regular(n, d)) for n, d in base.members)
+        body = chain + manifest + members if before_manifest else manifest + chain + members
+        body += b"\0" * 1024
+        return zst(body + b"\0" * (-len(body) % tarfile.RECORDSIZE))
+    return build
+
+
 def _sparse(base: Base) -> bytes:
     """A GNU sparse member (PAX 1.0): 512 bytes stored, 1 GiB when expanded."""
     name, _ = base.member(".cubin")
@@ -348,6 +364,8 @@ CASES: list[Case] = [
     Case("zstd-bomb-trailing-zeros", LimitExceededError, _zero_bomb),
     Case("pax-header-bomb-before-manifest", LimitExceededError, _pax_bomb(True)),
     Case("pax-header-bomb-after-manifest", LimitExceededError, _pax_bomb(False)),
+    Case("pax-header-chain-before-manifest", BundleFormatError, _header_chain(True)),
+    Case("pax-header-chain-after-manifest", BundleFormatError, _header_chain(False)),
     Case("over-total-limit", LimitExceededError, _valid, {"--max-total": "16K"}),
     Case("over-member-limit", LimitExceededError, _valid, {"--max-member": "4K"}),
     Case("over-member-count-limit", LimitExceededError, _valid, {"--max-members": "4"}),

@@ -246,6 +246,9 @@ def extract(path: str | os.PathLike, dest: str | os.PathLike, limits: Limits | N
     return manifest
 
 
+_CHAINED = "corrupt tar stream: extension headers chained too deep to read"
+
+
 class _open_tar:
     """One pass over a bundle: the manifest, then members in order, then the end of the frame."""
 
@@ -270,6 +273,8 @@ class _open_tar:
                 self.tar = tarfile.open(fileobj=self.stream, mode="r|")
             except (tarfile.TarError, EOFError) as exc:
                 raise BundleFormatError(f"{self.path} is not a tar stream: {exc}") from None
+            except RecursionError:
+                raise BundleFormatError(f"{self.path}: {_CHAINED}") from None
         except BaseException:
             self.raw.close()
             raise
@@ -341,6 +346,8 @@ class _open_tar:
             return self.tar.next()
         except (tarfile.TarError, EOFError) as exc:
             raise BundleFormatError(f"truncated or corrupt tar stream: {exc}") from None
+        except RecursionError:  # tarfile reads each pax / GNU long-name header by recursing into the next
+            raise BundleFormatError(_CHAINED) from None
 
     def _read(self, info: tarfile.TarInfo) -> bytes:
         buffer = io.BytesIO()
