@@ -275,7 +275,12 @@ def _install_locked(plan: InstallPlan, state: Path) -> tuple[int, int]:
         pending = receipt_path(plan.cache_dir, plan.digest).with_name(f".{plan.digest}.json.pending")
         _atomic_write(pending, json.dumps(receipt, indent=1).encode())
         journal = state / "journal" / f"{plan.digest}.json"
-        _atomic_write(journal, json.dumps({"staging": staging.name, "entries": entries, "receipt": receipt}).encode())
+        try:
+            _atomic_write(journal, json.dumps({"staging": staging.name, "entries": entries,
+                                               "receipt": receipt}).encode())
+        except BaseException:
+            pending.unlink(missing_ok=True)  # no journal, nothing published: leave no receipt-sized file either
+            raise
         written, present = _publish_or_undo(plan.cache_dir, staging, entries, pending, journal)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -73,6 +73,33 @@ def test_disk_full_at_any_point_leaves_the_cache_as_it_was(bundle90, tmp_path, f
         assert bundle_state(cache, manifest, expected_bytes(bundle90)) == "all"
 
 
+def test_disk_full_in_4k_steps_up_to_the_size_that_fits(bundle90, tmp_path):
+    """Finer than the fractions above: every 4 KiB from the bundle's size up, until an install fits.
+
+    The last few failures come after the files are staged: in the group-file rewrites, the staged
+    receipt and the journal (a receipt left behind there was found this way). Each is clean.
+    """
+    import shutil
+
+    need = archive.read_manifest(bundle90).total_size
+    failures = 0
+    with tmpfs(tmp_path / "vol", need * 4) as vol:
+        for size in range(need // 4096 * 4096, need * 3, 4096):
+            shutil.rmtree(vol / "cache", ignore_errors=True)
+            resize(vol, size)
+            cache = vol / "cache"
+            before = seed(cache)
+            result = install_here(bundle90, cache)
+            if result.exit_code == 0:
+                break
+            assert_clean_failure(result, cache, before, "No space left on device")
+            failures += 1
+        else:
+            pytest.fail(f"no size up to {need * 3} bytes held the install")
+        assert bundle_state(cache, archive.read_manifest(bundle90), expected_bytes(bundle90)) == "all"
+    assert failures >= 10
+
+
 def test_out_of_inodes_is_a_clean_error(bundle90, tmp_path):
     with tmpfs(tmp_path / "vol", 64 << 20, inodes=40) as vol:
         cache = vol / "cache"
