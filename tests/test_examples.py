@@ -31,9 +31,6 @@ DEPLOYMENT = EXAMPLES / "kubernetes" / "deployment.yaml"
 READONLY = EXAMPLES / "kubernetes" / "deployment-readonly.yaml"
 WORKFLOW = EXAMPLES / "ci" / "github-actions.yml"
 # Commands other developers are adding right now. Checked strictly once they exist in cli.py.
-PENDING: dict = {}  # (command, option) -> why, for commands named in examples/ before they exist
-
-
 # -- finding kernelcache invocations -------------------------------------------------------------
 
 
@@ -105,11 +102,11 @@ def invocations() -> list[tuple[str, list[str]]]:
 
 
 def check_invocation(args: list[str]) -> tuple[str, str]:
-    """("ok" | "pending" | "error", why)."""
+    """("ok" | "error", why)."""
     name, rest = args[0], args[1:]
     command = main.commands.get(name)
     if command is None:
-        return ("pending", PENDING[(name, None)]) if (name, None) in PENDING else ("error", f"no command {name!r}")
+        return "error", f"no command {name!r}"
     options = {opt: p for p in command.params if isinstance(p, click.Option) for opt in p.opts + p.secondary_opts}
     positional, words = 0, iter(rest)
     for word in words:
@@ -119,8 +116,7 @@ def check_invocation(args: list[str]) -> tuple[str, str]:
         if word.startswith("-"):
             option = options.get(word.split("=", 1)[0])
             if option is None:
-                key = (name, word)
-                return ("pending", PENDING[key]) if key in PENDING else ("error", f"{name} has no option {word}")
+                return "error", f"{name} has no option {word}"
             if not option.is_flag and "=" not in word:
                 next(words, None)
         else:
@@ -144,11 +140,6 @@ def test_every_example_command_exists_with_its_options():
     assert {"install", "run", "push", "inspect"} <= used
 
 
-def test_commands_still_pending_elsewhere():
-    pending = sorted({why for _, args in invocations() for status, why in [check_invocation(args)]
-                      if status == "pending"})
-    if pending:
-        pytest.skip("not merged yet, checked once they exist: " + "; ".join(pending))
 
 
 def test_the_checker_catches_wrong_commands():
