@@ -28,7 +28,7 @@ from pathlib import Path
 
 from . import __version__
 from .bundle.archive import source_date_epoch
-from .bundle.fingerprint import package_version
+from .bundle.fingerprint import local_environment, package_version
 from .bundle.make import PackResult, make_bundle
 from .bundle.manifest import Build, Environment, Target
 from .errors import BuildFailed, PathUnavailable, UsageError
@@ -261,6 +261,7 @@ def exercise(plan: plan_file.BuildPlan, target: BuildTarget, work: Path, cache: 
     """Run the plan's paths for one target into ``cache``; returns worker results and the compile log."""
     results = _run_jobs(_jobs(plan, target, work, cache, jobs, extra_tasks), target, jobs, progress)
     log = work / "compiles.jsonl"
+    cache.mkdir(parents=True, exist_ok=True)  # also when the plan has no Triton path (FlashInfer only)
     records = []
     with open(log, "w", encoding="utf-8") as handle:
         for job_log in sorted(work.glob("jobs/*/compiles.jsonl")):
@@ -297,7 +298,8 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
                   progress) -> TargetResult:
     started = time.perf_counter()
     results, log_records = exercise(plan, target, work, work / "cache", jobs, extra_tasks, progress)
-    environment = _environment(results)
+    # A FlashInfer-only plan runs no exercise process: fingerprint this interpreter's Triton instead.
+    environment = _environment(results) if results else local_environment([target.arch])
     records = listener.compiles(log_records)
     found = harvest(work / "cache", compile_log=str(work / "compiles.jsonl"), keep_ir=keep_ir)
     coverage = coverage_of(records)

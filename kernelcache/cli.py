@@ -298,7 +298,9 @@ def _build_json(target) -> dict:
             "coverage": target.coverage,
             "bundles": [{"path": str(b.path), "digest": b.digest, "size": b.path.stat().st_size,
                          "gpu": b.manifest.target.gpu, "kernels": len(b.manifest.kernels),
-                         "modules": len(b.manifest.modules)} for b in target.bundles]}
+                         "modules": len(b.manifest.modules),
+                         "flashinfer": [{"name": m.name, "archs": list(m.archs)} for m in b.manifest.flashinfer]}
+                        for b in target.bundles]}
 
 
 def _build_summary(target) -> None:
@@ -310,10 +312,12 @@ def _build_summary(target) -> None:
         table.add_column(column)
     for name, cov in target.coverage.items():
         table.add_row(name, str(cov["variants"]), ", ".join(f"{p} {n}" for p, n in cov["by_path"].items()))
-    out.print(table)
+    if target.coverage:
+        out.print(table)
     first = target.bundles[0].manifest
-    out.print(f"{len(first.kernels)} kernels, {len(first.modules)} prebuilt modules; {target.compiles} compiles "
-              f"({target.compile_seconds:.1f}s of compile time) in {target.seconds:.1f}s")
+    flashinfer = "".join(f", FlashInfer {m.name} ({' '.join(m.archs)})" for m in first.flashinfer)
+    out.print(f"{len(first.kernels)} kernels, {len(first.modules)} prebuilt modules{flashinfer}; {target.compiles} "
+              f"compiles ({target.compile_seconds:.1f}s of compile time) in {target.seconds:.1f}s")
     for bundle in target.bundles:
         out.print(f"wrote {bundle.path} ({human_size(bundle.path.stat().st_size)}) for {bundle.manifest.target.gpu}")
 

@@ -83,15 +83,23 @@ def bundle90(built, tmp_path_factory) -> Path:
 def sampling90(tmp_path_factory):
     """FlashInfer's sampling module really built for sm_90 (about 100 s on 2 cores): (module, members, workdir).
 
-    Every FlashInfer test reuses this one build. KERNELCACHE_TEST_FLASHINFER_WORKDIR keeps the
-    build dir between runs while developing (ninja then finds nothing to do); CI leaves it unset.
+    Every FlashInfer test reuses this one build. It runs as users run it, ``kernelcache build --path
+    flashinfer`` (its bundle lands in ``workdir.parents[2] / "out"``); rerunning
+    ``build_sampling`` in its kept work dir then finds nothing to do and returns the module and members.
+    KERNELCACHE_TEST_FLASHINFER_WORKDIR keeps a build dir between runs while developing; CI leaves it unset.
     """
     from flashinfer_helpers import require_flashinfer
 
     require_flashinfer()
     from kernelcache.exercise.flashinfer import build_sampling
 
-    workdir = Path(os.environ.get("KERNELCACHE_TEST_FLASHINFER_WORKDIR") or tmp_path_factory.mktemp("fi-build90"))
+    if os.environ.get("KERNELCACHE_TEST_FLASHINFER_WORKDIR"):
+        workdir = Path(os.environ["KERNELCACHE_TEST_FLASHINFER_WORKDIR"])
+    else:
+        scratch = tmp_path_factory.mktemp("fi-build90")
+        kc("build", "--arch", "sm_90", "--gpu", "h200", "--path", "flashinfer", "--mode", "cross",
+           "--workdir", str(scratch / "work"), "-o", str(scratch / "out"), check=True, timeout=1800)
+        workdir = scratch / "work" / "sm_90-132sm" / "flashinfer"
     module, members = build_sampling("sm_90", workdir, jobs=2)
     return module, members, workdir
 

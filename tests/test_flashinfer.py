@@ -7,7 +7,9 @@ would read from the GPU; a tripwire ``nvcc``/``ninja`` first on PATH records any
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -125,6 +127,22 @@ def test_manifest_records_versions_and_archs(bundle, sampling90):
         "tvm_ffi": module.tvm_ffi}
     assert [f["path"] for f in record["files"]] == [members[0].path]
     assert data["kernels"] == [] and data["modules"] == []
+
+
+def test_build_of_the_flashinfer_path_alone_bundles_just_the_module(sampling90):
+    module, members, workdir = sampling90
+    if os.environ.get("KERNELCACHE_TEST_FLASHINFER_WORKDIR"):
+        pytest.skip("the sampling90 fixture reused a kept build dir instead of running kernelcache build")
+    bundle = workdir.parents[2] / "out" / "vllm-sampler-sm_90-h200.tar.zst"
+    data = json.loads(kc("inspect", str(bundle), "--json", check=True).stdout)
+    assert data["kernels"] == [] and data["modules"] == [] and data["build"]["plan"]["paths"] == ["flashinfer"]
+    [record] = data["flashinfer"]
+    assert record["archs"] == ["sm90a"] and record["version"] == module.version
+    [file] = record["files"]
+    assert file["path"] == members[0].path
+    built = members[0].data if members[0].data is not None else members[0].source.read_bytes()
+    assert file["sha256"] == hashlib.sha256(built).hexdigest()
+    assert data["environment"]["triton"] == package_version("triton") and data["target"]["arch"] == "sm_90"
 
 
 def test_flashinfer_resolves_to_the_installed_file_with_jit_disabled(bundle, sampling90, tmp_path):
