@@ -51,6 +51,17 @@ def test_file_url_pull_and_install(bundle90, tmp_path):
     assert done.returncode == RemoteError.exit_code and only_files(out) == [bundle90.name]
 
 
+def test_a_refused_pull_keeps_the_file_already_there(bundle90, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / bundle90.name).write_text("the user's own file")
+    done = kc("pull", bundle90.as_uri(), "--gpu", "a100", "-o", str(out))  # an sm_90 bundle, an sm_80 GPU
+    assert done.returncode == 21 and "not for --gpu a100" in done.stderr.strip().splitlines()[-1]  # after its table
+    assert only_files(out) == [bundle90.name] and (out / bundle90.name).read_text() == "the user's own file"
+    done = kc("pull", bundle90.as_uri(), "--gpu", "no-such-gpu", "-o", str(tmp_path / "fresh"))
+    assert done.returncode == 2 and only_files(tmp_path / "fresh") == []  # refused before any download
+
+
 def test_http_install_then_every_kernel_hits(site, bundle90, tmp_path):
     cache = tmp_path / "cache"
     kc("install", f"{site}/{bundle90.name}", "--cache-dir", str(cache), check=True)

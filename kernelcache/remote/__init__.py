@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..bundle.archive import read_manifest
-from ..bundle.manifest import Target, arch_to_capability
+from ..bundle.manifest import Manifest, Target, arch_to_capability
 from ..errors import ArchMismatch, StorageError, UsageError
 from .transfer import Landed
 
@@ -37,24 +37,31 @@ def pull(ref: str, output_dir: str | os.PathLike = ".", arch: str | None = None,
     """Download the bundle(s) ``ref`` names into ``output_dir``, verified, under their own names."""
     if not is_remote(ref):
         raise UsageError(f"{ref} is not a URL or oci:// reference; pull fetches remote bundles")
+    _check_wanted(arch, gpu)  # a bad --arch / --gpu fails before anything is downloaded
+
+    def accept(manifest: Manifest) -> None:  # before the download takes its name (remote/transfer.py)
+        if not every:
+            check_target(manifest.target, arch, gpu, str(ref))
+
     if str(ref).startswith("oci://"):
         from .oci import pull as pull_oci
 
-        landed = pull_oci(ref, output_dir, arch=arch, gpu=gpu, every=every, verify_members=verify_members)
-    else:
-        if every:
-            raise UsageError("--all picks every bundle of an OCI index; a URL names one bundle")
-        from .url import pull as pull_url
+        return pull_oci(ref, output_dir, arch=arch, gpu=gpu, every=every, verify_members=verify_members,
+                        accept=accept)
+    if every:
+        raise UsageError("--all picks every bundle of an OCI index; a URL names one bundle")
+    from .url import pull as pull_url
 
-        landed = pull_url(ref, output_dir, verify_members=verify_members)
-    try:
-        for item in landed if not every else ():
-            check_target(item.manifest.target, arch, gpu, str(ref))
-    except ArchMismatch:
-        for item in landed:
-            item.path.unlink(missing_ok=True)
-        raise
-    return landed
+    return pull_url(ref, output_dir, verify_members=verify_members, accept=accept)
+
+
+def _check_wanted(arch: str | None, gpu: str | None) -> None:
+    if gpu is not None:
+        from ..plan.gpus import profile
+
+        profile(gpu)
+    if arch is not None:
+        _capability(arch)
 
 
 def fetch(ref: str | os.PathLike, dest_dir: str | os.PathLike, arch: str | None = None, gpu: str | None = None,

@@ -26,7 +26,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -301,7 +301,8 @@ def _index_entry(client, base: OciRef, tag: str) -> dict | None:
 
 
 def pull(reference: str, output_dir: str | os.PathLike, arch: str | None = None, gpu: str | None = None,
-         every: bool = False, verify_members: bool = True) -> list[Landed]:
+         every: bool = False, verify_members: bool = True,
+         accept: Callable[[Manifest], None] | None = None) -> list[Landed]:
     """Download the bundle for this machine (or ``every`` bundle of an index) into ``output_dir``."""
     ref = parse(reference)
     client = _connect(ref)
@@ -311,7 +312,7 @@ def pull(reference: str, output_dir: str | os.PathLike, arch: str | None = None,
     else:
         documents = [(ref, document)]
     names: set[str] = set()
-    return [_download(client, r, d, Path(output_dir), names, verify_members) for r, d in documents]
+    return [_download(client, r, d, Path(output_dir), names, verify_members, accept) for r, d in documents]
 
 
 def _resolve(ref: OciRef, index: dict, arch: str | None, gpu: str | None, every: bool) -> list[OciRef]:
@@ -336,7 +337,7 @@ def _candidate(descriptor: dict) -> Candidate:
 
 
 def _download(client, ref: OciRef, document: dict, output_dir: Path, names: set[str],
-              verify_members: bool) -> Landed:
+              verify_members: bool, accept: Callable[[Manifest], None] | None = None) -> Landed:
     layer, config = _bundle_parts(ref, document)
     notes = document.get("annotations") or {}
     fallback = f"{ref.repository.rsplit('/', 1)[-1]}-{notes.get(f'{ANNOTATION}variant', 'bundle')}.tar.zst"
@@ -345,7 +346,8 @@ def _download(client, ref: OciRef, document: dict, output_dir: Path, names: set[
     names.add(name)
     expected = Expected(sha256=layer["digest"].removeprefix("sha256:"), size=layer["size"],
                         bundle_digest=config["digest"].removeprefix("sha256:"))
-    return land(_blob_chunks(client, ref, layer["digest"]), output_dir / name, expected, str(ref), verify_members)
+    return land(_blob_chunks(client, ref, layer["digest"]), output_dir / name, expected, str(ref), verify_members,
+                accept)
 
 
 def _bundle_parts(ref: OciRef, document: dict) -> tuple[dict, dict]:

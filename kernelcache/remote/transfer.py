@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,14 +51,20 @@ def safe_name(name: str | None, fallback: str) -> str:
 
 
 def land(chunks: Iterable[bytes], dest: Path, expected: Expected, source: str,
-         verify_members: bool = True) -> Landed:
-    """Write ``chunks`` to ``dest`` atomically, or leave nothing there and raise."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
+         verify_members: bool = True, accept: Callable[[Manifest], None] | None = None) -> Landed:
+    """Write ``chunks`` to ``dest`` atomically, or leave nothing there and raise.
+
+    ``accept`` may refuse the verified manifest (raise) before anything takes ``dest``'s name, so a
+    refused download never replaces a file the user already had there.
+    """
     part = dest.with_name(f".{dest.name}.part-{os.getpid()}")
     try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
         sha256, size = _write(chunks, part)
         _check_bytes(sha256, size, expected, source)
         manifest = _check_bundle(part, expected, source, verify_members)
+        if accept is not None:
+            accept(manifest)
         os.replace(part, dest)
     except OSError as exc:
         part.unlink(missing_ok=True)

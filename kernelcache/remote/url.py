@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import re
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from ..bundle.manifest import Manifest
 from ..errors import KernelcacheError, MissingDependency, RemoteError, UsageError
 from .transfer import Expected, Landed, land, safe_name
 
@@ -32,12 +33,13 @@ def split_pin(url: str) -> tuple[str, str | None]:
     return location, match.group(1)
 
 
-def pull(url: str, output_dir: str | os.PathLike, verify_members: bool = True) -> list[Landed]:
+def pull(url: str, output_dir: str | os.PathLike, verify_members: bool = True,
+         accept: Callable[[Manifest], None] | None = None) -> list[Landed]:
     location, pin = split_pin(url)
     parts = urllib.parse.urlsplit(location)
     name = safe_name(urllib.parse.unquote(parts.path.rstrip("/").rsplit("/", 1)[-1]), "bundle.tar.zst")
     chunks = _file_chunks(parts, url) if parts.scheme == "file" else _fsspec_chunks(location, parts.scheme)
-    return [land(chunks, Path(output_dir) / name, Expected(sha256=pin), url, verify_members)]
+    return [land(chunks, Path(output_dir) / name, Expected(sha256=pin), url, verify_members, accept)]
 
 
 def _file_chunks(parts: urllib.parse.SplitResult, url: str) -> Iterator[bytes]:
