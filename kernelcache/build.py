@@ -209,7 +209,7 @@ def _jobs(plan: plan_file.BuildPlan, target: BuildTarget, work: Path, cache: Pat
           extra_tasks: tuple[Task, ...]) -> list[tuple[str, Path, Job]]:
     threads = str(max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(plan.vocabs)))))
     env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_TRITON_JIT_WARMUP_NUM_THREADS": threads,
-           "TQDM_DISABLE": "1"}
+           "TQDM_DISABLE": "1", **reproducible_cc(work)}
     setup = ()
     if target.mode == "cross":
         product = target.profiles[0].product
@@ -228,6 +228,26 @@ def _jobs(plan: plan_file.BuildPlan, target: BuildTarget, work: Path, cache: Pat
                                        capability=target.capability, sm_count=target.sm_count, mode=target.mode,
                                        tasks=tasks, env=env, setup=setup)))
     return out
+
+
+_CC_WRAPPER = """#!/bin/sh
+# kernelcache: Triton builds its launchers and cuda_utils from a random temp dir ($1 is the source),
+# and cuda_utils.c's __FILE__ would put that dir in the .so; map it to "." so builds are reproducible.
+exec "$KERNELCACHE_REAL_CC" "$@" "-ffile-prefix-map=${1%/*}=."
+"""
+
+
+def reproducible_cc(work: Path) -> dict[str, str]:
+    """``CC`` for the exercise processes: the user's compiler (``CC``, else gcc, else clang) behind a
+    wrapper that maps Triton's temp source dir away, so the same inputs give byte-identical modules."""
+    real = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+    if not real:
+        return {}  # Triton's own "Failed to find C compiler" then says what to do
+    work.mkdir(parents=True, exist_ok=True)
+    wrapper = work / "cc"
+    wrapper.write_text(_CC_WRAPPER)
+    wrapper.chmod(0o755)
+    return {"CC": str(wrapper), "KERNELCACHE_REAL_CC": real}
 
 
 def _run_job(job_dir: Path, job: Job) -> dict:

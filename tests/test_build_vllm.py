@@ -27,12 +27,21 @@ REGISTRY = {"_topk_topp_kernel": 12, "_topp_sb_stats_kernel": 8, "_topp_sb_step_
 @pytest.fixture(scope="module", params=[("sm_90", "h200", 132), ("sm_100", "b200", 148)], ids=["sm_90", "sm_100"])
 def cross_build(request, tmp_path_factory):
     arch, gpu, sms = request.param
-    out = tmp_path_factory.mktemp(f"build-{arch}")
-    done = kc("build", "--arch", arch, "--gpu", gpu, "--vocab", str(VOCAB), "--dtype", "float32", "--path", "registry",
-              "--path", "mrv1", "--path", "mrv2", "--mode", "cross", "-o", str(out), "--json", check=True, timeout=1200)
-    result = json.loads(done.stdout)
+    result = build_once(arch, gpu, tmp_path_factory.mktemp(f"build-{arch}"))
     bundle = Path(result[0]["bundles"][0]["path"])
     return arch, gpu, sms, bundle, result[0]
+
+
+def build_once(arch: str, gpu: str, out: Path) -> dict:
+    done = kc("build", "--arch", arch, "--gpu", gpu, "--vocab", str(VOCAB), "--dtype", "float32", "--path", "registry",
+              "--path", "mrv1", "--path", "mrv2", "--mode", "cross", "-o", str(out), "--json", check=True, timeout=1200)
+    return json.loads(done.stdout)
+
+
+def test_the_same_build_twice_gives_the_same_bytes(cross_build, tmp_path):
+    arch, gpu, _, bundle, _ = cross_build
+    again = Path(build_once(arch, gpu, tmp_path)[0]["bundles"][0]["path"])
+    assert again.read_bytes() == bundle.read_bytes()  # launchers and cuda_utils included (build.reproducible_cc)
 
 
 def test_build_lists_every_registry_variant(cross_build):
