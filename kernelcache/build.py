@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,7 @@ from . import __version__
 from .bundle.archive import source_date_epoch
 from .bundle.fingerprint import local_environment, package_version
 from .bundle.make import PackResult, make_bundle
-from .bundle.manifest import Build, Environment, Target
+from .bundle.manifest import Build, Environment, Target, arch_to_capability
 from .errors import BuildFailed, PathUnavailable, UsageError
 from .exercise import listener
 from .exercise.worker import Job, Task
@@ -105,6 +106,7 @@ def build(arch: str, manifest: str | os.PathLike | None = None, gpus: list[str] 
     out.mkdir(parents=True, exist_ok=True)
     results = []
     scratch = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="kernelcache-build-"))
+    keep = workdir is not None
     try:
         for target in targets:
             work = scratch / target.label
@@ -112,8 +114,11 @@ def build(arch: str, manifest: str | os.PathLike | None = None, gpus: list[str] 
                 shutil.rmtree(work)
             tasks = tuple(extra_tasks) + _miss_tasks(from_misses or [], target.capability)
             results.append(_build_target(plan, target, work, out, jobs, keep_ir, tasks, progress))
+    except BuildFailed:
+        keep = True  # its message points at logs in the scratch dir: leave them to be read
+        raise
     finally:
-        if workdir is None:
+        if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
     return BuildResult(plan, tuple(results))
 
@@ -125,10 +130,10 @@ def _miss_tasks(logs: list[str], capability: int) -> tuple[Task, ...]:
 
 
 def _normalise_arch(arch: str) -> str:
-    text = arch.lower().removeprefix("sm_").removeprefix("sm").rstrip("af")
-    if not text.isdigit():
-        raise UsageError(f"--arch must look like sm_90 or sm_100, got {arch!r}")
-    return f"sm_{text}"
+    try:
+        return f"sm_{arch_to_capability(arch)}"
+    except ValueError:
+        raise UsageError(f"--arch must look like sm_90 or sm_100, got {arch!r}") from None
 
 
 def check_paths(plan: plan_file.BuildPlan) -> None:
@@ -254,19 +259,36 @@ def _run_job(job_dir: Path, job: Job) -> dict:
     path = job_dir / "job.json"
     path.write_text(job.to_json())
     with open(job_dir / "worker.log", "w", encoding="utf-8") as log:
-        done = subprocess.run([sys.executable, "-m", "kernelcache.exercise.worker", str(path)],
-                              stdout=log, stderr=subprocess.STDOUT, env=_worker_env())
+        child = subprocess.Popen([sys.executable, "-m", "kernelcache.exercise.worker", str(path)],
+                                 stdout=log, stderr=subprocess.STDOUT, env=_worker_env())
+        _children.add(child)
+        try:
+            returncode = child.wait()
+        finally:
+            _children.discard(child)
+    if returncode in (-signal.SIGINT, -signal.SIGTERM, 130):
+        raise KeyboardInterrupt
     result_file = job_dir / "job.json.result"
     if not result_file.exists():
-        raise BuildFailed(f"exercise process for {job_dir.name} died (exit {done.returncode}); "
+        raise BuildFailed(f"exercise process for {job_dir.name} died (exit {returncode}); "
                           f"see {job_dir / 'worker.log'}")
     result = json.loads(result_file.read_text())
     failed = [t for t in result["tasks"] if not t["ok"]]
     if failed:
         first = failed[0]
+        if "SIGINT" in str(first["error"]):  # Ctrl-C reached the worker's compiler first
+            raise KeyboardInterrupt
         raise BuildFailed(f"{job_dir.name}: task {first['label']} failed: {first['error']} "
                           f"(traceback in {result_file})")
     return result
+
+
+_children: set[subprocess.Popen] = set()  # running exercise processes, stopped when the build is interrupted
+
+
+def _stop_children() -> None:
+    for child in list(_children):
+        child.terminate()
 
 
 def _worker_env() -> dict[str, str]:
@@ -307,6 +329,7 @@ def _run_jobs(units, target: BuildTarget, jobs: int, progress) -> list[dict]:
         except BaseException:
             for f in futures:
                 f.cancel()
+            _stop_children()
             raise
     return results
 

@@ -8,6 +8,7 @@ fingerprint mismatch also prints the table of differing fields.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 
 import click
@@ -16,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__
-from .errors import FingerprintMismatch, KernelcacheError, UsageError
+from .errors import FingerprintMismatch, KernelcacheError, StorageError, UsageError
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -31,6 +32,22 @@ class Group(click.Group):
             _fail(exc)
         except KernelcacheError as exc:
             _fail(exc)
+        except OSError as exc:  # a file-system error no command mapped itself: still one line, exit 40
+            where = f"{exc.filename}: " if exc.filename else ""
+            _fail(StorageError(f"{where}{exc.strerror or exc}"))
+        except KeyboardInterrupt:
+            err.print("kernelcache: interrupted", markup=False)
+            sys.exit(130)
+
+
+def _terminate_cleanly() -> None:
+    """SIGTERM (a pod stop, ``timeout``) unwinds like Ctrl-C, so temp dirs and child processes go too.
+
+    Only for build / capture / verify: an install stays as SIGKILL-safe as it is, untouched."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _fail(exc: KernelcacheError) -> None:
@@ -126,7 +143,7 @@ def overlay_variables(read_only: bool, cache_dir: str | None, base: str | None, 
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Bundle to write (.tar.zst).")
 @click.option("--keep-ir", is_flag=True, help="Also keep the IR files (ttir, ttgir, llir, ptx, source).")
 @click.option("--arch", default=None, help="Pack only kernels for this arch (e.g. sm_90).")
-@click.option("--compile-log", type=click.Path(dir_okay=False), default=None,
+@click.option("--compile-log", type=click.Path(exists=True, dir_okay=False), default=None,
               help="kernelcache compile log with signatures and constexprs.")
 def pack(cache_dir: str, output: str, keep_ir: bool, arch: str | None, compile_log: str | None) -> None:
     """Bundle an existing Triton cache directory."""
@@ -259,7 +276,8 @@ def run(bundle: str | None, cache_dir: str | None, force: bool, read_only: bool,
 @click.option("--path", "paths", multiple=True, help="Path(s): registry, mrv1, mrv2, flashinfer.")
 @click.option("--mode", type=click.Choice(["auto", "cross", "native"]), default="auto", show_default=True,
               help="native: run on a visible GPU of the arch; cross: a faithful fake target; auto: native if possible.")
-@click.option("--jobs", type=int, default=None, help="Exercise processes at once [default: all cores].")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Exercise processes at once [default: all cores].")
 @click.option("-o", "--output-dir", default="bundles", show_default=True, type=click.Path(file_okay=False))
 @click.option("--keep-ir", is_flag=True, help="Also keep the IR files.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the build's scratch dir here.")
@@ -274,7 +292,9 @@ def build(arch, manifest_file, gpus, vocabs, dtypes, max_num_seqs, paths, mode, 
     from .build import build as do_build
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True, disable=as_json) as bar:
+    _terminate_cleanly()
+    # A bar only on a terminal: piped stderr (CI logs) keeps its one-line errors.
+    with Progress(*columns, console=err, transient=True, disable=as_json or not err.is_terminal) as bar:
         tasks: dict[str, int] = {}
 
         def progress(label: str, done: int, total: int) -> None:
@@ -345,6 +365,7 @@ def capture(output: str, keep_ir: bool, arch: str | None, command: tuple[str, ..
     from .bundle.inspect import human_size
     from .exercise.capture import capture as do_capture
 
+    _terminate_cleanly()
     result = do_capture(list(command), output, keep_ir=keep_ir, arch=arch)
     out.print(f"captured {len(result.manifest.kernels)} kernels, {len(result.manifest.modules)} modules into "
               f"{result.path} ({human_size(result.path.stat().st_size)})")
@@ -361,13 +382,14 @@ def capture(output: str, keep_ir: bool, arch: str | None, command: tuple[str, ..
 @click.option("--max-num-seqs", type=int, default=None)
 @click.option("--path", "paths", multiple=True)
 @click.option("--mode", type=click.Choice(["auto", "cross", "native"]), default="auto", show_default=True)
-@click.option("--jobs", type=int, default=None)
+@click.option("--jobs", type=click.IntRange(min=1), default=None)
 @click.option("--json", "as_json", is_flag=True)
 def verify(bundle, cache_dir, manifest_file, gpus, vocabs, dtypes, max_num_seqs, paths, mode, jobs, as_json) -> None:
     """Run the bundle's vLLM paths against the installed cache; exit non-zero on any compile."""
     from .errors import CompilesDetected
     from .verify import verify as do_verify
 
+    _terminate_cleanly()  # verify installs only into its own scratch cache
     report = do_verify(bundle, cache_dir, manifest_file, list(gpus) or None, list(vocabs) or None,
                        list(dtypes) or None, max_num_seqs, list(paths) or None, mode, jobs)
     if as_json:

@@ -40,12 +40,21 @@ from filelock import FileLock, Timeout
 from .bundle import archive
 from .bundle.fingerprint import Difference, compare, compare_gpu, local_environment
 from .bundle.manifest import Kernel, Manifest
-from .errors import ArchMismatch, EntryError, FingerprintMismatch, KernelcacheError, StorageError
+from .errors import ArchMismatch, EntryError, FingerprintMismatch, KernelcacheError, StorageError, UsageError
 from .harvest import KEY_PATTERN
 from .plan.gpus import visible_gpus
 
 STATE_DIR = ".kernelcache"
-LOCK_TIMEOUT = float(os.environ.get("KERNELCACHE_LOCK_TIMEOUT", "600"))
+def lock_timeout() -> float:
+    """Seconds an install waits for another one's lock: KERNELCACHE_LOCK_TIMEOUT, default 600."""
+    text = os.environ.get("KERNELCACHE_LOCK_TIMEOUT", "600")
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise UsageError(f"KERNELCACHE_LOCK_TIMEOUT must be a number of seconds, got {text!r}")
+    return value
 
 
 def default_cache_dir() -> Path:
@@ -57,7 +66,10 @@ def default_cache_dir() -> Path:
 
 
 def resolve_cache_dir(cache_dir: str | os.PathLike | None) -> Path:
-    return Path(os.path.abspath(cache_dir if cache_dir is not None else default_cache_dir()))
+    path = Path(os.path.abspath(cache_dir if cache_dir is not None else default_cache_dir()))
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"cache dir {path} is a file, not a directory")
+    return path
 
 
 @dataclass(frozen=True)
@@ -110,7 +122,7 @@ class InstallPlan:
             return InstallResult(self.cache_dir, self.digest, "already-installed", seconds=0.0, warnings=warnings)
         state = _state_dir(self.cache_dir)
         try:
-            with FileLock(str(state / "lock"), timeout=LOCK_TIMEOUT):
+            with FileLock(str(state / "lock"), timeout=lock_timeout()):
                 recover(self.cache_dir, locked=True)
                 if self.already_installed:
                     return InstallResult(self.cache_dir, self.digest, "already-installed",
@@ -119,7 +131,7 @@ class InstallPlan:
                 if self.manifest.flashinfer:
                     _write_flashinfer_loader(self.cache_dir)
         except Timeout:
-            waited = f"timed out after {LOCK_TIMEOUT:.0f}s waiting for the lock on {self.cache_dir}"
+            waited = f"timed out after {lock_timeout():.0f}s waiting for the lock on {self.cache_dir}"
             raise StorageError(waited) from None
         except OSError as exc:
             raise StorageError(f"cannot install into {self.cache_dir}: {exc.strerror or exc}") from None
@@ -189,14 +201,27 @@ def receipt_path(cache_dir: Path, digest: str) -> Path:
 
 
 def receipts(cache_dir: Path) -> list[dict]:
-    """Every bundle installed into this cache dir, newest first."""
-    found = []
+    """Every bundle installed into this cache dir, newest first (unreadable receipts left out)."""
+    return read_receipts(cache_dir)[0]
+
+
+def read_receipts(cache_dir: Path) -> tuple[list[dict], list[Path]]:
+    """(well-formed receipts newest first, paths of receipts that are not)."""
+    found, bad = [], []
     for path in sorted((Path(cache_dir) / STATE_DIR / "installed").glob("*.json")):
         try:
-            found.append(json.loads(path.read_text()))
+            receipt = json.loads(path.read_text())
         except (OSError, ValueError):
-            continue
-    return sorted(found, key=lambda r: r.get("installed_at", 0), reverse=True)
+            receipt = None
+        well_formed = (isinstance(receipt, dict) and isinstance(receipt.get("digest"), str)
+                       and isinstance(receipt.get("manifest"), dict))
+        if well_formed:
+            found.append(receipt)
+        else:
+            bad.append(path)
+    order = sorted(found, key=lambda r: r.get("installed_at", 0) if isinstance(r.get("installed_at"), int | float)
+                   else 0, reverse=True)
+    return order, bad
 
 
 def entry_dirs(manifest: Manifest) -> list[str]:
@@ -222,10 +247,10 @@ def recover(cache_dir: Path, locked: bool = False) -> int:
         return 0
     if not locked:
         try:
-            with FileLock(str(state / "lock"), timeout=LOCK_TIMEOUT):
+            with FileLock(str(state / "lock"), timeout=lock_timeout()):
                 return recover(cache_dir, locked=True)
         except Timeout:
-            raise StorageError(f"timed out after {LOCK_TIMEOUT:.0f}s waiting for the lock on {cache_dir}") from None
+            raise StorageError(f"timed out after {lock_timeout():.0f}s waiting for the lock on {cache_dir}") from None
         except OSError as exc:
             raise StorageError(f"cannot finish an interrupted install in {cache_dir}: {exc.strerror or exc}") from None
     finished = sum(_roll_forward(Path(cache_dir), state, journal) for journal in pending_journals(cache_dir))
@@ -259,6 +284,7 @@ def _sweep(state: Path) -> None:
 
 def _install_locked(plan: InstallPlan, state: Path) -> tuple[int, int]:
     staging = state / "staging" / f"{plan.digest[:16]}-{os.getpid()}"
+    journal = state / "journal" / f"{plan.digest}.json"
     try:
         archive.extract(plan.bundle, staging, plan.limits)
         _relocate_groups(plan.manifest, staging, plan.cache_dir)
@@ -274,7 +300,6 @@ def _install_locked(plan: InstallPlan, state: Path) -> tuple[int, int]:
         }
         pending = receipt_path(plan.cache_dir, plan.digest).with_name(f".{plan.digest}.json.pending")
         _atomic_write(pending, json.dumps(receipt, indent=1).encode())
-        journal = state / "journal" / f"{plan.digest}.json"
         try:
             _atomic_write(journal, json.dumps({"staging": staging.name, "entries": entries,
                                                "receipt": receipt}).encode())
@@ -283,7 +308,10 @@ def _install_locked(plan: InstallPlan, state: Path) -> tuple[int, int]:
             raise
         written, present = _publish_or_undo(plan.cache_dir, staging, entries, pending, journal)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        # A journal still there means publishing began and was cut short (Ctrl-C, SIGTERM, an undo that
+        # failed): its staging dir is what the next command's roll-forward publishes, so it stays.
+        if not journal.exists():
+            shutil.rmtree(staging, ignore_errors=True)
     with contextlib.suppress(OSError):  # the install is complete; a full disk only loses the log line
         _log(state, {"event": "extracted", "digest": plan.digest, "pid": os.getpid(), "written": written,
                      "present": present, "time": time.time()})

@@ -23,7 +23,7 @@ from pathlib import Path
 from .build import BuildTarget, check_paths, exercise
 from .bundle.archive import read_manifest
 from .bundle.manifest import Manifest
-from .errors import UsageError
+from .errors import BundleManifestError, UsageError
 from .exercise import listener
 from .install import STATE_DIR, install, receipts, resolve_cache_dir
 from .plan import manifest as plan_file
@@ -95,13 +95,19 @@ def _installed_manifest(root: Path) -> Manifest:
     found = receipts(root)
     if not found:
         raise UsageError(f"{root} holds no installed bundle; give a bundle or install one first")
-    return Manifest.from_dict(found[0]["manifest"])
+    try:
+        return Manifest.from_dict(found[0]["manifest"])
+    except BundleManifestError as exc:
+        raise UsageError(f"{root}: the newest install receipt is unreadable ({exc})") from None
 
 
 def _plan(bundle: Manifest, manifest, gpus, vocabs, dtypes, max_num_seqs, paths) -> plan_file.BuildPlan:
     """The plan the bundle was built with (flags or another manifest override it)."""
     if manifest is not None:
         plan = plan_file.load(manifest)
+    elif "merged_from" in (bundle.build.plan or {}):
+        raise UsageError("a merged bundle records no single build plan; pass --manifest (or the build flags) "
+                         "for what it should cover")
     elif bundle.build.plan:
         try:
             plan = plan_file.BuildPlan.from_dict(bundle.build.plan)

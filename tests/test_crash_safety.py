@@ -185,3 +185,44 @@ def test_env_finishes_an_interrupted_install(subject, tmp_path):
     kc("env", "--cache-dir", str(cache), check=True)
     assert bundle_state(cache, manifest, expected) == "all"
     assert leftovers(cache) == {"staging": [], "journal": [], "temp": []}
+
+
+def interrupt_run(run, at: int) -> int:
+    """Run ``run`` in a forked child that raises KeyboardInterrupt at its ``at``-th file-system event.
+
+    Unlike SIGKILL, an exception unwinds every ``finally`` on its way out (Ctrl-C; SIGTERM in build,
+    capture and verify). Exit status 0: interrupted as asked; 1: ran to the end; 3: another error."""
+    pid = os.fork()
+    if pid == 0:
+        count = 0
+
+        def hook(event: str, args: tuple) -> None:
+            nonlocal count
+            if event in FS_EVENTS:
+                count += 1
+                if count == at:
+                    raise KeyboardInterrupt
+
+        sys.addaudithook(hook)
+        try:
+            run()
+        except KeyboardInterrupt:
+            os._exit(0)
+        except BaseException:  # noqa: BLE001 -- the parent fails on the exit status
+            os._exit(3)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return os.WEXITSTATUS(status)
+
+
+def test_an_exception_while_publishing_keeps_what_the_roll_forward_needs(subject, tmp_path):
+    bundle, manifest, expected = subject
+    _, dry = kill_points(subject, tmp_path)
+    start, end = dry["publish_window"]
+    for at in sorted({start, (start + end) // 2, end - 1}):
+        cache = tmp_path / f"cache-{at}"
+        assert interrupt_run(make_plan(bundle, manifest, cache).execute, at) == 0
+        assert bundle_state(cache, manifest, expected) in ("none", "subset", "all")  # never partial
+        recover(cache)
+        assert bundle_state(cache, manifest, expected) == "all" and has_receipt(cache, manifest), at
+        assert leftovers(cache) == {"staging": [], "journal": [], "temp": []}

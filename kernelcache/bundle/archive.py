@@ -22,6 +22,7 @@ inside the fresh directory it is given, and the caller discards it on error.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -70,9 +71,22 @@ class Limits:
         values = {}
         for name, default in (("total_bytes", cls.total_bytes), ("member_bytes", cls.member_bytes),
                               ("members", cls.members), ("manifest_bytes", cls.manifest_bytes)):
-            env = os.environ.get(f"KERNELCACHE_MAX_{name.upper()}")
-            values[name] = overrides.get(name) or (parse_size(env) if env else default)
+            var = f"KERNELCACHE_MAX_{name.upper()}"
+            value = overrides.get(name)
+            if value is None and os.environ.get(var):
+                value = _env_size(var)
+            values[name] = default if value is None else value
+            if values[name] < 1:
+                raise UsageError(f"a limit of {values[name]} {name.replace('_', ' ')} would refuse every bundle "
+                                 f"(--max-* / {var} must be at least 1)")
         return cls(**values)
+
+
+def _env_size(var: str) -> int:
+    try:
+        return parse_size(os.environ[var])
+    except UsageError as exc:
+        raise UsageError(f"{var}: {exc}") from None
 
 
 def parse_size(text: str) -> int:
@@ -84,10 +98,10 @@ def parse_size(text: str) -> int:
 
 
 def source_date_epoch() -> int:
-    try:
-        return int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
-    except ValueError:
-        return 0
+    text = os.environ.get("SOURCE_DATE_EPOCH", "0").strip() or "0"
+    if not text.isdigit():
+        raise UsageError(f"SOURCE_DATE_EPOCH must be a non-negative integer (seconds), got {text!r}")
+    return int(text)
 
 
 def check_member_name(name: str) -> None:
@@ -122,12 +136,18 @@ def write(path: str | os.PathLike, manifest: Manifest, members: Iterable[tuple[s
             os.fsync(raw.fileno())
         os.replace(tmp, out)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
         raise StorageError(f"cannot write {out}: {exc.strerror or exc}") from None
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
         raise
     return out
+
+
+def _remove(path: Path) -> None:
+    """Best-effort cleanup: a temp file under a path that is not a directory never existed."""
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: int) -> None:
@@ -260,6 +280,8 @@ class _open_tar:
     def __enter__(self) -> _open_tar:
         try:
             self.raw = open(self.path, "rb")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:  # the caller named no bundle
+            raise UsageError(f"no bundle at {self.path}: {exc.strerror}") from None
         except OSError as exc:
             raise BundleFormatError(f"cannot open bundle {self.path}: {exc.strerror or exc}") from None
         try:

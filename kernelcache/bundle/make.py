@@ -13,7 +13,16 @@ from ..errors import UsageError
 from ..harvest import Entry, Harvest, harvest, to_manifest_entries
 from .archive import bundle_digest, source_date_epoch, write
 from .fingerprint import local_environment
-from .manifest import Build, Environment, FileRecord, FlashInferModule, Manifest, Target, capability_to_arch
+from .manifest import (
+    Build,
+    Environment,
+    FileRecord,
+    FlashInferModule,
+    Manifest,
+    Target,
+    arch_to_capability,
+    capability_to_arch,
+)
 
 
 @dataclass(frozen=True)
@@ -69,10 +78,17 @@ def _metadata(entry: Entry, root: Path) -> dict:
     return json.loads((root / entry.key / f"{entry.info['name']}.json").read_text())
 
 
+def _wanted_capability(arch: str | None) -> int | None:
+    try:
+        return arch_to_capability(arch) if arch else None
+    except ValueError:
+        raise UsageError(f"--arch must look like sm_90 or sm_100, got {arch!r}") from None
+
+
 def _select_arch(found: Harvest, arch: str | None, root: Path) -> tuple[list[Entry], list[dict]]:
     entries, skipped = [], list(found.skipped)
     archs = {e.key: _metadata(e, root)["target"]["arch"] for e in found.kernels}
-    wanted = int(arch.removeprefix("sm_").rstrip("a")) if arch else None
+    wanted = _wanted_capability(arch)
     if wanted is None and len(set(archs.values())) > 1:
         listed = ", ".join(sorted({capability_to_arch(a) for a in archs.values()}))
         raise UsageError(f"the cache holds kernels for several archs ({listed}); pick one with --arch")

@@ -176,12 +176,15 @@ class Manifest:
         return cls.from_dict(data)
 
 
+_ARCH = re.compile(r"(?:sm_?)?([1-9][0-9]{1,2})[af]?")
+
+
 def arch_to_capability(arch: str) -> int:
-    """"sm_90" / "sm_90a" / "90" -> 90."""
-    text = arch.lower().removeprefix("sm_").removeprefix("sm").rstrip("af")
-    if not text.isdigit():
+    """"sm_90" / "sm_90a" / "sm_100f" / "90" -> 90."""
+    found = _ARCH.fullmatch(arch.strip().lower())
+    if not found:
         raise ValueError(f"not a CUDA arch: {arch!r} (expected e.g. sm_90 or sm_100)")
-    return int(text)
+    return int(found.group(1))
 
 
 def capability_to_arch(capability: int) -> str:

@@ -43,7 +43,9 @@ def capture(command: Sequence[str], output: str | os.PathLike, keep_ir: bool = F
         try:
             done = subprocess.run(list(command), env=hooked_env(cache, log))
         except FileNotFoundError:
-            raise UsageError(f"command not found: {command[0]}") from None
+            raise UsageError(f"command not found: {command[0]!r}") from None
+        except (OSError, ValueError) as exc:  # a directory, not executable, an empty or NUL-holding name
+            raise UsageError(f"cannot run {command[0]!r}: {getattr(exc, 'strerror', None) or exc}") from None
         if done.returncode != 0:
             raise BuildFailed(f"the captured command exited with {done.returncode}; nothing was packed")
         if not cache.exists():

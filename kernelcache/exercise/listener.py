@@ -112,9 +112,11 @@ def read(path: str) -> list[dict]:
         with open(path, encoding="utf-8") as handle:
             for line in handle:
                 try:
-                    records.append(json.loads(line))
+                    record = json.loads(line)
                 except ValueError:
                     continue
+                if isinstance(record, dict):
+                    records.append(record)
     except FileNotFoundError:
         pass
     return records

@@ -8,6 +8,7 @@ file and the key. Command-line flags override the file (``BuildPlan.override``).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -125,7 +126,7 @@ def parse(data: dict, where: str) -> BuildPlan:
     if not isinstance(gpus, list) or not gpus:
         raise ManifestFileError(f"{where}: 'gpus' must be a non-empty list of GPU profile names")
     return BuildPlan(
-        name=_string(data.get("name", Path(where).stem), "name", where),
+        name=_file_word(data.get("name", Path(where).stem), "name", where),
         paths=_choices(vllm.get("paths", list(PATHS)), PATHS, "vllm.paths", where),
         vocabs=tuple(_vocab(v, i, where) for i, v in enumerate(vocabs)),
         dtypes=_choices(vllm.get("logits_dtypes", list(DTYPES)), DTYPES, "vllm.logits_dtypes", where),
@@ -167,6 +168,7 @@ def _profile(name: Any, where: str, custom: dict) -> GpuProfile:
     if not isinstance(name, str):
         raise ManifestFileError(f"{where}: GPU profile names must be strings, got {name!r}")
     if name in custom:
+        _file_word(name, f"gpu.{name}", where)
         spec = _table(custom[name], f"gpu.{name}", where)
         _known(spec, {"arch", "sm_count", "product"}, f"gpu.{name}.", where)
         arch = _string(spec.get("arch"), f"gpu.{name}.arch", where)
@@ -207,6 +209,18 @@ def _bool(value: Any, key: str, where: str) -> bool:
     if not isinstance(value, bool):
         raise ManifestFileError(f"{where}: '{key}' must be true or false, got {value!r}")
     return value
+
+
+_FILE_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+
+
+def _file_word(value: Any, key: str, where: str) -> str:
+    """Names that become part of a bundle's file name: one plain word, no path."""
+    text = _string(value, key, where)
+    if not _FILE_WORD.fullmatch(text):
+        raise ManifestFileError(f"{where}: '{key}' must be a plain name (letters, digits, . _ + -; it names the "
+                                f"bundle file), got {text!r}")
+    return text
 
 
 def _string(value: Any, key: str, where: str) -> str:

@@ -66,6 +66,8 @@ def read(path: str | os.PathLike) -> MissLog:
             record = json.loads(line)
         except ValueError:
             continue
+        if not isinstance(record, dict):
+            continue
         records += 1
         if record.get("kind") != "kernel":
             modules += record.get("kind") == "module"
@@ -77,6 +79,8 @@ def read(path: str | os.PathLike) -> MissLog:
         elif record.get("key") not in targets:
             skipped[str(record.get("key"))] = {"key": record.get("key"), "kernel": record.get("kernel"),
                                                "reason": reason}
+    if any(line.strip() for line in lines) and not records:
+        raise UsageError(f"{path} is not a kernelcache miss log: none of its {len(lines)} line(s) is a JSON record")
     ordered = tuple(sorted(targets.values(), key=lambda t: (t.capability, t.kernel, t.key)))
     return MissLog(ordered, tuple(skipped.values()), modules, records)
 
@@ -85,7 +89,7 @@ def _target(record: dict) -> tuple[MissTarget | None, str]:
     if not record.get("specialization_data"):
         return None, record.get("why") or "no specialization recorded"
     target = record.get("target") or {}
-    if target.get("backend") != "cuda" or not isinstance(target.get("arch"), int):
+    if not isinstance(target, dict) or target.get("backend") != "cuda" or not isinstance(target.get("arch"), int):
         return None, f"target {target!r} is not a CUDA arch"
     if not record.get("fn_module") or not record.get("fn_qualname"):
         return None, "the JIT function's module or qualname is unknown"

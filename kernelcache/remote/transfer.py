@@ -9,6 +9,7 @@ interruption removes the partial file, so no file that looks complete is ever le
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -67,12 +68,17 @@ def land(chunks: Iterable[bytes], dest: Path, expected: Expected, source: str,
             accept(manifest)
         os.replace(part, dest)
     except OSError as exc:
-        part.unlink(missing_ok=True)
+        _remove(part)
         raise StorageError(f"cannot write {dest}: {exc.strerror or exc}") from None
     except BaseException:
-        part.unlink(missing_ok=True)
+        _remove(part)
         raise
     return Landed(dest, manifest, sha256, size)
+
+
+def _remove(part: Path) -> None:
+    with contextlib.suppress(OSError):  # under a path that is not a directory it never existed
+        part.unlink(missing_ok=True)
 
 
 def _write(chunks: Iterable[bytes], part: Path) -> tuple[str, int]:

@@ -81,6 +81,8 @@ def _open(location: str, scheme: str):
         raise MissingDependency(f"{scheme}:// URLs need fsspec's {scheme} backend: {exc}") from None
     except ValueError as exc:
         raise UsageError(f"{location}: no fsspec backend for {scheme}:// ({exc})") from None
+    except Exception as exc:  # backends that connect when made (ftp, sftp) raise their transport errors here
+        raise RemoteError(f"{location}: cannot connect: {type(exc).__name__}: {exc}") from None
     options = {"block_size": 0} if scheme in ("http", "https") else {}  # one streaming GET, no range requests
     try:
         return fs.open(path, "rb", **options)

@@ -83,7 +83,9 @@ def exec_command(command: Sequence[str], variables: dict[str, str]) -> None:
     try:
         os.execvpe(command[0], list(command), env)
     except FileNotFoundError:
-        raise UsageError(f"command not found: {command[0]}") from None
+        raise UsageError(f"command not found: {command[0]!r}") from None
+    except (OSError, ValueError) as exc:  # a directory, not executable, an empty or NUL-holding name
+        raise UsageError(f"cannot run {command[0]!r}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def _extend_sys_path(pythonpath: str) -> None:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..bundle.manifest import Manifest
-from ..errors import BaseUnusable, StorageError, UsageError
-from ..install import STATE_DIR, installed_complete, pending_journals, receipts, resolve_cache_dir
+from ..errors import BaseUnusable, BundleManifestError, StorageError, UsageError
+from ..install import STATE_DIR, installed_complete, pending_journals, read_receipts, resolve_cache_dir
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
 MANAGER = "kernelcache_overlay:OverlayCacheManager"
@@ -73,8 +73,16 @@ def check_base(root: Path) -> int:
         raise BaseUnusable(f"read-only base {root} holds an unfinished install; run `kernelcache install` "
                            "into it while it is still writable")
     complete = 0
-    for receipt in receipts(root):
-        manifest = Manifest.from_dict(receipt.get("manifest"))
+    found, bad = read_receipts(root)
+    if bad:
+        raise BaseUnusable(f"read-only base {root}: install receipt {bad[0].name} is unreadable; reinstall into it "
+                           "while it is still writable")
+    for receipt in found:
+        try:
+            manifest = Manifest.from_dict(receipt["manifest"])
+        except BundleManifestError as exc:
+            raise BaseUnusable(f"read-only base {root}: the receipt of {receipt['digest'][:16]} is unreadable "
+                               f"({exc})") from None
         if not installed_complete(root, receipt["digest"], manifest):
             raise BaseUnusable(f"read-only base {root} lacks files of bundle {receipt['digest'][:16]}")
         complete += 1
