@@ -37,7 +37,7 @@ from .exercise import listener
 from .exercise.worker import Job, Task
 from .harvest import harvest
 from .plan import manifest as plan_file
-from .plan.gpus import GpuProfile, VisibleGpu, profile_for, visible_gpus
+from .plan.gpus import PROFILES, GpuProfile, VisibleGpu, profile_for, visible_gpus
 
 SAMPLER = "kernelcache.exercise.vllm_sampler"
 REQUIRED_MODULES = {
@@ -174,7 +174,9 @@ def plan_targets(plan: plan_file.BuildPlan, arch: str, mode: str, gpus: list[Vis
         return [BuildTarget(arch, gpu.sm_count, chosen, "native")]
     if not profiles:
         known = ", ".join(sorted({p.arch for p in plan.gpus}))
-        raise UsageError(f"the plan has no GPU profile for {arch} (it has {known}); pass --gpu")
+        fits = ", ".join(sorted(p.name for p in PROFILES.values() if p.arch == arch)) or "none is built in"
+        raise UsageError(f"the plan's GPU profiles are for {known}, not {arch}; pass --gpu with a profile of {arch} "
+                         f"({fits}) or define one in the manifest")
     by_sm: dict[int, list[GpuProfile]] = defaultdict(list)
     for p in profiles:
         by_sm[p.sm_count].append(p)
