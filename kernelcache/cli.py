@@ -209,11 +209,13 @@ def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool,
     BUNDLE is a file, a URL (file://, http(s)://, s3://, ...) or oci://HOST/REPO:TAG.
     """
     from .install import install as do_install
-    from .remote import local_bundle
+    from .remote import already_installed, local_bundle
 
     limits = make_limits(members, member_bytes, total_bytes)
-    with local_bundle(bundle, arch=arch, gpu=gpu) as path:
-        result = do_install(path, cache_dir, force=force, check_gpu=not no_gpu_check, limits=limits)
+    result = already_installed(bundle, cache_dir, force, not no_gpu_check, arch, gpu)  # oci://: no download
+    if result is None:
+        with local_bundle(bundle, arch=arch, gpu=gpu) as path:
+            result = do_install(path, cache_dir, force=force, check_gpu=not no_gpu_check, limits=limits)
     for warning in result.warnings:
         err.print(f"warning: {warning}", markup=False, style="bold red" if "FORCED" in warning else None)
     if as_json:
@@ -298,6 +300,8 @@ def build(arch, manifest_file, gpus, vocabs, dtypes, max_num_seqs, paths, mode, 
         tasks: dict[str, int] = {}
 
         def progress(label: str, done: int, total: int) -> None:
+            if not err.is_terminal and not as_json and done:  # a log gets a line per finished process
+                err.print(f"{label}: {done}/{total} exercise processes done", markup=False)
             if label not in tasks:
                 tasks[label] = bar.add_task(f"exercising {label}", total=total)
             bar.update(tasks[label], completed=done)

@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +41,15 @@ from filelock import FileLock, Timeout
 from .bundle import archive
 from .bundle.fingerprint import Difference, compare, compare_gpu, local_environment
 from .bundle.manifest import Kernel, Manifest
-from .errors import ArchMismatch, EntryError, FingerprintMismatch, KernelcacheError, StorageError, UsageError
+from .errors import (
+    ArchMismatch,
+    BundleManifestError,
+    EntryError,
+    FingerprintMismatch,
+    KernelcacheError,
+    StorageError,
+    UsageError,
+)
 from .harvest import KEY_PATTERN
 from .plan.gpus import visible_gpus
 
@@ -144,6 +153,13 @@ def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None 
     path = Path(bundle)
     lim = limits or archive.Limits.from_env()
     manifest = archive.read_manifest(path, lim)
+    return plan_install_manifest(path, manifest, resolve_cache_dir(cache_dir), force, check_gpu, lim)
+
+
+def plan_install_manifest(path: Path, manifest: Manifest, cache_dir: Path, force: bool = False,
+                          check_gpu: bool = True, limits: archive.Limits | None = None) -> InstallPlan:
+    """The plan for a bundle whose manifest is already read (from the file, or from a receipt)."""
+    lim = limits or archive.Limits.from_env()
     check_entries(manifest)
     try:
         here = local_environment(manifest.environment.ptxas or [manifest.target.arch])
@@ -154,8 +170,28 @@ def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None 
     differences = compare(manifest, here) if here is not None else []
     if check_gpu:
         differences += compare_gpu(manifest.target, visible_gpus())
-    return InstallPlan(path, manifest, archive.bundle_digest(manifest), resolve_cache_dir(cache_dir),
-                       tuple(differences), force, lim)
+    return InstallPlan(path, manifest, archive.bundle_digest(manifest), cache_dir, tuple(differences), force, lim)
+
+
+def install_if_present(digest: str, cache_dir: str | os.PathLike | None = None, force: bool = False,
+                       check_gpu: bool = True, source: str = "",
+                       accept: Callable[[Manifest], None] | None = None) -> InstallResult | None:
+    """The bundle ``digest`` is already installed in ``cache_dir``: check it against this environment
+    (from its receipt's manifest) as an install would, and return the no-op result. ``None``: not there."""
+    root = resolve_cache_dir(cache_dir)
+    receipt = next((r for r in receipts(root) if r["digest"] == digest), None)
+    if receipt is None:
+        return None
+    try:
+        manifest = Manifest.from_dict(receipt["manifest"])
+    except BundleManifestError:
+        return None  # let a real install replace what its receipt no longer describes
+    if archive.bundle_digest(manifest) != digest or not installed_complete(root, digest, manifest):
+        return None
+    if accept is not None:
+        accept(manifest)
+    plan = plan_install_manifest(Path(source or digest), manifest, root, force, check_gpu)
+    return plan.execute()
 
 
 def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,

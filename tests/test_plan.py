@@ -96,5 +96,5 @@ def test_targets_group_profiles_by_sm_count_and_pick_native_when_the_gpu_is_here
     assert plan_targets(plan, "sm_90", "cross", [VisibleGpu(0, "NVIDIA H200", 90, 132)])[0].mode == "cross"
     with pytest.raises(UsageError, match="114 SMs"):
         plan_targets(plan, "sm_90", "auto", [VisibleGpu(0, "NVIDIA H100 PCIe", 90, 114)])
-    with pytest.raises(UsageError, match="no GPU profile for sm_120"):
+    with pytest.raises(UsageError, match=r"not sm_120; pass --gpu with a profile of sm_120 \(rtx-pro-6000\)"):
         plan_targets(plan, "sm_120", "cross", [])

@@ -9,12 +9,12 @@ import subprocess
 import sys
 
 import pytest
-from bundles import pack, rewrite
 from conftest import clean_env, kc, run_job, tree
 from servers import free_port, htpasswd_line, registry
 
+from bundles import pack, rewrite
 from kernelcache.bundle import archive
-from kernelcache.errors import ArchMismatch, IntegrityError, RemoteError, UsageError
+from kernelcache.errors import ArchMismatch, FingerprintMismatch, IntegrityError, RemoteError, StorageError, UsageError
 from kernelcache.remote import oci
 
 pytestmark = pytest.mark.oci
@@ -125,6 +125,26 @@ def test_install_of_a_variant_tag_or_digest_takes_it_as_is(reg, variants, tmp_pa
     done = kc("install", pushed["reference"], "--gpu", "h200", "--cache-dir", str(tmp_path / "c"))
     assert done.returncode == ArchMismatch.exit_code and not (tmp_path / "c").exists()
     kc("install", pushed["reference"], "--cache-dir", str(tmp_path / "c"), check=True)
+
+
+def test_reinstall_from_a_registry_reads_manifests_only_and_still_checks(reg, bundle90, tmp_path):
+    ref = f"oci://{reg.host}/kc/again:v1"
+    kc("push", str(bundle90), ref, check=True)
+    cache = tmp_path / "c"
+    kc("install", ref, "--arch", "sm_90", "--cache-dir", str(cache), check=True)
+    nowhere = tmp_path / "afile"
+    nowhere.write_text("a download dir that cannot exist")  # any blob download would fail with exit 40
+    no_download = {"KERNELCACHE_DOWNLOAD_DIR": str(nowhere)}
+    for again in (ref, f"{ref}-sm_90"):  # through the index, and the variant tag itself
+        done = kc("install", again, "--arch", "sm_90", "--cache-dir", str(cache), env=no_download, check=True)
+        assert done.stdout.startswith("already installed")
+    done = kc("install", ref, "--arch", "sm_90", "--cache-dir", str(cache),
+              env={**no_download, "TRITON_DEFAULT_FP_FUSION": "1"})
+    assert done.returncode == FingerprintMismatch.exit_code  # the receipt's manifest is checked like a file's
+    done = kc("install", f"{ref}-sm_90", "--gpu", "b200", "--cache-dir", str(cache), env=no_download)
+    assert done.returncode == ArchMismatch.exit_code
+    done = kc("install", ref, "--arch", "sm_90", "--cache-dir", str(tmp_path / "fresh"), env=no_download)
+    assert done.returncode == StorageError.exit_code  # not installed there: it does download
 
 
 def test_concurrent_pushes_of_different_archs_converge_on_one_index(reg, variants):

@@ -75,6 +75,20 @@ def fetch(ref: str | os.PathLike, dest_dir: str | os.PathLike, arch: str | None 
     return pull(str(ref), dest_dir, arch=arch, gpu=gpu, verify_members=verify_members)[0].path
 
 
+def already_installed(ref: str | os.PathLike, cache_dir: str | os.PathLike | None, force: bool = False,
+                      check_gpu: bool = True, arch: str | None = None, gpu: str | None = None):
+    """For ``oci://``: the no-op ``InstallResult`` when the bundle it picks is installed, checked against
+    this environment from its receipt, found with two manifest reads and no blob download; else ``None``."""
+    if not str(ref).startswith("oci://"):
+        return None
+    from ..install import install_if_present
+    from .oci import bundle_digest
+
+    _check_wanted(arch, gpu)
+    return install_if_present(bundle_digest(str(ref), arch, gpu), cache_dir, force, check_gpu, source=str(ref),
+                              accept=lambda manifest: check_target(manifest.target, arch, gpu, str(ref)))
+
+
 @contextmanager
 def local_bundle(ref: str | os.PathLike, arch: str | None = None, gpu: str | None = None,
                  verify_members: bool = False) -> Iterator[Path]:

@@ -315,6 +315,21 @@ def pull(reference: str, output_dir: str | os.PathLike, arch: str | None = None,
     return [_download(client, r, d, Path(output_dir), names, verify_members, accept) for r, d in documents]
 
 
+def bundle_digest(reference: str, arch: str | None = None, gpu: str | None = None) -> str:
+    """The digest of the bundle ``reference`` picks for this machine, from the registry's manifests only.
+
+    Two small reads (index, manifest), no blob: ``install`` uses it to find a bundle already installed.
+    The config blob is the bundle's ``manifest.json``, so its descriptor digest is the bundle digest."""
+    ref = parse(reference)
+    client = _connect(ref)
+    media_type, document, _ = _get_manifest(client, ref)
+    if media_type == OCI_INDEX:
+        ref = _resolve(ref, document, arch, gpu, every=False)[0]
+        document = _get_manifest(client, ref)[1]
+    _, config = _bundle_parts(ref, document)
+    return str(config["digest"]).removeprefix("sha256:")
+
+
 def _resolve(ref: OciRef, index: dict, arch: str | None, gpu: str | None, every: bool) -> list[OciRef]:
     candidates = [_candidate(d) for d in index.get("manifests", []) if d.get("artifactType") == ARTIFACT_TYPE]
     if every:
