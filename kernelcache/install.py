@@ -54,6 +54,8 @@ from .harvest import KEY_PATTERN
 from .plan.gpus import visible_gpus
 
 STATE_DIR = ".kernelcache"
+
+
 def lock_timeout() -> float:
     """Seconds an install waits for another one's lock: KERNELCACHE_LOCK_TIMEOUT, default 600."""
     text = os.environ.get("KERNELCACHE_LOCK_TIMEOUT", "600")
