@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
+from bundles import pack, rewrite
 from conftest import clean_env, kc, run_job, tree
 from servers import free_port, htpasswd_line, registry
 
-from bundles import pack, rewrite
 from kernelcache.bundle import archive
 from kernelcache.errors import ArchMismatch, FingerprintMismatch, IntegrityError, RemoteError, StorageError, UsageError
 from kernelcache.remote import oci
