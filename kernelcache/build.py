@@ -31,7 +31,7 @@ from . import __version__
 from .bundle.archive import source_date_epoch
 from .bundle.fingerprint import local_environment, package_version
 from .bundle.make import PackResult, make_bundle
-from .bundle.manifest import Build, Environment, Target, arch_to_capability
+from .bundle.manifest import Build, Environment, Target, capability_to_arch, flag_capability
 from .errors import BuildFailed, PathUnavailable, UsageError
 from .exercise import listener
 from .exercise.worker import Job, Task
@@ -96,7 +96,7 @@ def build(arch: str, manifest: str | os.PathLike | None = None, gpus: list[str] 
     ``from_misses``: overlay miss logs (``kernelcache run --read-only``) whose misses for this arch are
     compiled again, so the next bundle covers them.
     """
-    arch = _normalise_arch(arch)
+    arch = capability_to_arch(flag_capability(arch))
     plan = plan_file.load(manifest).override(gpus=gpus, vocabs=vocabs, dtypes=dtypes, max_num_seqs=max_num_seqs,
                                              paths=paths)
     check_paths(plan)
@@ -127,13 +127,6 @@ def _miss_tasks(logs: list[str], capability: int) -> tuple[Task, ...]:
     from .plan.misses import replay_tasks
 
     return tuple(task for log in logs for task in replay_tasks(log, capability))
-
-
-def _normalise_arch(arch: str) -> str:
-    try:
-        return f"sm_{arch_to_capability(arch)}"
-    except ValueError:
-        raise UsageError(f"--arch must look like sm_90 or sm_100, got {arch!r}") from None
 
 
 def check_paths(plan: plan_file.BuildPlan) -> None:

@@ -212,9 +212,9 @@ def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool,
     from .remote import already_installed, local_bundle
 
     limits = make_limits(members, member_bytes, total_bytes)
-    result = already_installed(bundle, cache_dir, force, not no_gpu_check, arch, gpu)  # oci://: no download
+    result, source = already_installed(bundle, cache_dir, force, not no_gpu_check, arch, gpu)  # oci://: no blob
     if result is None:
-        with local_bundle(bundle, arch=arch, gpu=gpu) as path:
+        with local_bundle(source, arch=arch, gpu=gpu) as path:
             result = do_install(path, cache_dir, force=force, check_gpu=not no_gpu_check, limits=limits)
     for warning in result.warnings:
         err.print(f"warning: {warning}", markup=False, style="bold red" if "FORCED" in warning else None)

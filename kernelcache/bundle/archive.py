@@ -136,16 +136,16 @@ def write(path: str | os.PathLike, manifest: Manifest, members: Iterable[tuple[s
             os.fsync(raw.fileno())
         os.replace(tmp, out)
     except OSError as exc:
-        _remove(tmp)
+        discard(tmp)
         raise StorageError(f"cannot write {out}: {exc.strerror or exc}") from None
     except BaseException:
-        _remove(tmp)
+        discard(tmp)
         raise
     return out
 
 
-def _remove(path: Path) -> None:
-    """Best-effort cleanup: a temp file under a path that is not a directory never existed."""
+def discard(path: Path) -> None:
+    """Best-effort cleanup of a temp file (one under a path that is not a directory never existed)."""
     with contextlib.suppress(OSError):
         path.unlink(missing_ok=True)
 

@@ -20,8 +20,8 @@ from .manifest import (
     FlashInferModule,
     Manifest,
     Target,
-    arch_to_capability,
     capability_to_arch,
+    flag_capability,
 )
 
 
@@ -78,17 +78,10 @@ def _metadata(entry: Entry, root: Path) -> dict:
     return json.loads((root / entry.key / f"{entry.info['name']}.json").read_text())
 
 
-def _wanted_capability(arch: str | None) -> int | None:
-    try:
-        return arch_to_capability(arch) if arch else None
-    except ValueError:
-        raise UsageError(f"--arch must look like sm_90 or sm_100, got {arch!r}") from None
-
-
 def _select_arch(found: Harvest, arch: str | None, root: Path) -> tuple[list[Entry], list[dict]]:
     entries, skipped = [], list(found.skipped)
     archs = {e.key: _metadata(e, root)["target"]["arch"] for e in found.kernels}
-    wanted = _wanted_capability(arch)
+    wanted = flag_capability(arch) if arch else None
     if wanted is None and len(set(archs.values())) > 1:
         listed = ", ".join(sorted({capability_to_arch(a) for a in archs.values()}))
         raise UsageError(f"the cache holds kernels for several archs ({listed}); pick one with --arch")

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from ..errors import BundleManifestError
+from ..errors import BundleManifestError, UsageError
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -185,6 +185,14 @@ def arch_to_capability(arch: str) -> int:
     if not found:
         raise ValueError(f"not a CUDA arch: {arch!r} (expected e.g. sm_90 or sm_100)")
     return int(found.group(1))
+
+
+def flag_capability(arch: str) -> int:
+    """An ``--arch`` value's capability, or a one-line ``UsageError`` naming the flag."""
+    try:
+        return arch_to_capability(arch)
+    except ValueError:
+        raise UsageError(f"--arch must look like sm_90 or sm_100, got {arch!r}") from None
 
 
 def capability_to_arch(capability: int) -> str:

@@ -77,16 +77,21 @@ def fetch(ref: str | os.PathLike, dest_dir: str | os.PathLike, arch: str | None 
 
 def already_installed(ref: str | os.PathLike, cache_dir: str | os.PathLike | None, force: bool = False,
                       check_gpu: bool = True, arch: str | None = None, gpu: str | None = None):
-    """For ``oci://``: the no-op ``InstallResult`` when the bundle it picks is installed, checked against
-    this environment from its receipt, found with two manifest reads and no blob download; else ``None``."""
+    """(the no-op ``InstallResult`` or ``None``, the reference to download otherwise).
+
+    For ``oci://`` the bundle the reference picks is looked up in ``cache_dir`` with two manifest reads
+    and no blob; an installed one is checked against this environment from its receipt. The reference
+    returned is then pinned to the manifest digest that was read. Anything else is returned as given."""
     if not str(ref).startswith("oci://"):
-        return None
+        return None, ref
     from ..install import install_if_present
-    from .oci import bundle_digest
+    from .oci import resolve_bundle
 
     _check_wanted(arch, gpu)
-    return install_if_present(bundle_digest(str(ref), arch, gpu), cache_dir, force, check_gpu, source=str(ref),
-                              accept=lambda manifest: check_target(manifest.target, arch, gpu, str(ref)))
+    digest, pinned = resolve_bundle(str(ref), arch, gpu)
+    result = install_if_present(digest, cache_dir, force, check_gpu, source=str(ref),
+                                accept=lambda manifest: check_target(manifest.target, arch, gpu, str(ref)))
+    return result, pinned
 
 
 @contextmanager

@@ -315,19 +315,20 @@ def pull(reference: str, output_dir: str | os.PathLike, arch: str | None = None,
     return [_download(client, r, d, Path(output_dir), names, verify_members, accept) for r, d in documents]
 
 
-def bundle_digest(reference: str, arch: str | None = None, gpu: str | None = None) -> str:
-    """The digest of the bundle ``reference`` picks for this machine, from the registry's manifests only.
+def resolve_bundle(reference: str, arch: str | None = None, gpu: str | None = None) -> tuple[str, str]:
+    """(bundle digest, ``oci://…@sha256:`` of its OCI manifest) for the bundle ``reference`` picks here.
 
-    Two small reads (index, manifest), no blob: ``install`` uses it to find a bundle already installed.
-    The config blob is the bundle's ``manifest.json``, so its descriptor digest is the bundle digest."""
+    Reads the index and the manifest, no blob: ``install`` uses it to find a bundle already installed,
+    and downloads through the pinned reference otherwise (one manifest read, and no tag that moved in
+    between). The config blob is the bundle's ``manifest.json``: its descriptor digest is the bundle's."""
     ref = parse(reference)
     client = _connect(ref)
-    media_type, document, _ = _get_manifest(client, ref)
+    media_type, document, (digest, _) = _get_manifest(client, ref)
     if media_type == OCI_INDEX:
         ref = _resolve(ref, document, arch, gpu, every=False)[0]
-        document = _get_manifest(client, ref)[1]
+        _, document, (digest, _) = _get_manifest(client, ref)
     _, config = _bundle_parts(ref, document)
-    return str(config["digest"]).removeprefix("sha256:")
+    return str(config["digest"]).removeprefix("sha256:"), str(ref.at(digest))
 
 
 def _resolve(ref: OciRef, index: dict, arch: str | None, gpu: str | None, every: bool) -> list[OciRef]:

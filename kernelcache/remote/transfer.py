@@ -9,7 +9,6 @@ interruption removes the partial file, so no file that looks complete is ever le
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
@@ -68,17 +67,12 @@ def land(chunks: Iterable[bytes], dest: Path, expected: Expected, source: str,
             accept(manifest)
         os.replace(part, dest)
     except OSError as exc:
-        _remove(part)
+        archive.discard(part)
         raise StorageError(f"cannot write {dest}: {exc.strerror or exc}") from None
     except BaseException:
-        _remove(part)
+        archive.discard(part)
         raise
     return Landed(dest, manifest, sha256, size)
-
-
-def _remove(part: Path) -> None:
-    with contextlib.suppress(OSError):  # under a path that is not a directory it never existed
-        part.unlink(missing_ok=True)
 
 
 def _write(chunks: Iterable[bytes], part: Path) -> tuple[str, int]:
