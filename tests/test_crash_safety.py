@@ -44,14 +44,17 @@ EVENT_KILLS_IN_PUBLISH = 25
 TIMED_KILLS = 15
 
 
-def _child(run, kill_at: int | None, report_fd: int) -> None:
-    """In the forked child: count file-system events, SIGKILL self before event ``kill_at``."""
+def _child(run, kill_at: int | None, report_fd: int, interrupt: bool = False) -> None:
+    """In the forked child: count file-system events, SIGKILL self before event ``kill_at`` (or, with
+    ``interrupt``, raise KeyboardInterrupt there: unlike SIGKILL it unwinds every ``finally``)."""
     trace: list[tuple[str, str]] = []
 
     def hook(event: str, args: tuple) -> None:
         if event in FS_EVENTS:
             trace.append((event, str(args[0]) if args else ""))
             if kill_at is not None and len(trace) == kill_at:
+                if interrupt:
+                    raise KeyboardInterrupt
                 os.kill(os.getpid(), signal.SIGKILL)
 
     os.write(report_fd, b"S")  # started: the timed kills count from here
@@ -59,19 +62,23 @@ def _child(run, kill_at: int | None, report_fd: int) -> None:
     try:
         run()
     except BaseException as exc:  # noqa: BLE001 -- reported to the parent, which fails the test
+        if interrupt and isinstance(exc, KeyboardInterrupt):  # the interrupt it was asked for
+            os.write(report_fd, json.dumps({"interrupted": True}).encode())
+            os._exit(0)
         os.write(report_fd, json.dumps({"error": repr(exc)}).encode())
         os._exit(3)
     os.write(report_fd, json.dumps({"trace": trace}).encode())
     os._exit(0)
 
 
-def fork_run(run, kill_at: int | None = None, kill_after: float | None = None) -> tuple[int, dict]:
+def fork_run(run, kill_at: int | None = None, kill_after: float | None = None,
+             interrupt: bool = False) -> tuple[int, dict]:
     """Run ``run`` in a forked child; returns (how it ended, its report). 'killed' or 'exit 0'."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
-        _child(run, kill_at, write_fd)
+        _child(run, kill_at, write_fd, interrupt)
     os.close(write_fd)
     assert os.read(read_fd, 1) == b"S"
     if kill_after is not None:
@@ -187,41 +194,15 @@ def test_env_finishes_an_interrupted_install(subject, tmp_path):
     assert leftovers(cache) == {"staging": [], "journal": [], "temp": []}
 
 
-def interrupt_run(run, at: int) -> int:
-    """Run ``run`` in a forked child that raises KeyboardInterrupt at its ``at``-th file-system event.
-
-    Unlike SIGKILL, an exception unwinds every ``finally`` on its way out (Ctrl-C; SIGTERM in build,
-    capture and verify). Exit status 0: interrupted as asked; 1: ran to the end; 3: another error."""
-    pid = os.fork()
-    if pid == 0:
-        count = 0
-
-        def hook(event: str, args: tuple) -> None:
-            nonlocal count
-            if event in FS_EVENTS:
-                count += 1
-                if count == at:
-                    raise KeyboardInterrupt
-
-        sys.addaudithook(hook)
-        try:
-            run()
-        except KeyboardInterrupt:
-            os._exit(0)
-        except BaseException:  # noqa: BLE001 -- the parent fails on the exit status
-            os._exit(3)
-        os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    return os.WEXITSTATUS(status)
-
-
 def test_an_exception_while_publishing_keeps_what_the_roll_forward_needs(subject, tmp_path):
+    """Ctrl-C (or SIGTERM in build, capture and verify) unwinds ``finally`` blocks, unlike SIGKILL."""
     bundle, manifest, expected = subject
     _, dry = kill_points(subject, tmp_path)
     start, end = dry["publish_window"]
     for at in sorted({start, (start + end) // 2, end - 1}):
         cache = tmp_path / f"cache-{at}"
-        assert interrupt_run(make_plan(bundle, manifest, cache).execute, at) == 0
+        ended, report = fork_run(make_plan(bundle, manifest, cache).execute, kill_at=at, interrupt=True)
+        assert ended == "exit 0" and report == {"interrupted": True}
         assert bundle_state(cache, manifest, expected) in ("none", "subset", "all")  # never partial
         recover(cache)
         assert bundle_state(cache, manifest, expected) == "all" and has_receipt(cache, manifest), at
