@@ -8,10 +8,14 @@ flags out of range); each was a traceback, a wrong exit code or a silent success
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import kc
+from conftest import clean_env, kc
 
 from kernelcache.bundle import archive
 from kernelcache.errors import (
@@ -163,13 +167,6 @@ def test_pack_skips_compile_log_lines_that_are_not_records(built, tmp_path):
 
 
 def test_sigterm_during_a_build_removes_its_scratch_dir(tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from conftest import clean_env
-
     scratch_root = tmp_path / "tmp"
     scratch_root.mkdir()
     env = clean_env(TMPDIR=str(scratch_root))
