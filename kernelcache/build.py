@@ -179,11 +179,12 @@ def plan_targets(plan: plan_file.BuildPlan, arch: str, mode: str, gpus: list[Vis
 # -- exercise -------------------------------------------------------------------------------------
 
 
-def vocab_tasks(plan: plan_file.BuildPlan, target: BuildTarget, vocab: int) -> tuple[Task, ...]:
+def vocab_tasks(plan: plan_file.BuildPlan, vocab: int) -> tuple[Task, ...]:
     """The exercise tasks of one vocab size: the requested paths, registry first (the others then hit).
 
     The runtime paths run one batch size per specialization class of ``1..max_num_seqs*(spec+1)``,
-    which the worker derives from vLLM's own split-count rule and the target's SM count.
+    which the worker derives from vLLM's own split-count rule and the target's SM count. Empty when
+    the plan's paths and dtypes select nothing (the processed paths need float32).
     """
     max_batch = plan.max_num_seqs * (plan.num_speculative_tokens + 1)
     processed = "float32" in plan.dtypes
@@ -215,7 +216,7 @@ def _jobs(plan: plan_file.BuildPlan, target: BuildTarget, work: Path, cache: Pat
         product = target.profiles[0].product
         setup = (Task(f"{SAMPLER}:setup_platform", {"capability": target.capability, "sm_count": target.sm_count,
                                                      "product": product}, label="platform"),)
-    units = [(str(v.size), vocab_tasks(plan, target, v.size)) for v in plan.vocabs]
+    units = [(str(v.size), vocab_tasks(plan, v.size)) for v in plan.vocabs]
     if extra_tasks:
         units.append(("extra", tuple(extra_tasks)))
     out = []

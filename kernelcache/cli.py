@@ -389,8 +389,10 @@ def capture(output: str, keep_ir: bool, arch: str | None, command: tuple[str, ..
 @click.option("--jobs", type=click.IntRange(min=1), default=None)
 @click.option("--json", "as_json", is_flag=True)
 def verify(bundle, cache_dir, manifest_file, gpus, vocabs, dtypes, max_num_seqs, paths, mode, jobs, as_json) -> None:
-    """Run the bundle's vLLM paths against the installed cache; exit non-zero on any compile."""
-    from .errors import CompilesDetected
+    """Run the bundle's vLLM paths against the installed cache; exit non-zero on any compile.
+
+    Also exits non-zero when nothing was verified (the plan selects no task) and when a bundled FlashInfer
+    module is not found and loaded by FlashInfer with JIT disabled."""
     from .verify import verify as do_verify
 
     _terminate_cleanly()  # verify installs only into its own scratch cache
@@ -399,17 +401,30 @@ def verify(bundle, cache_dir, manifest_file, gpus, vocabs, dtypes, max_num_seqs,
     if as_json:
         _json(report.to_dict())
     else:
+        _verify_summary(report)
+    failure = report.failure()
+    if failure is not None:
+        raise failure
+
+
+def _verify_summary(report) -> None:
+    if report.kernels:
         table = Table(title=f"verify {report.cache_dir} ({report.arch}, {report.mode})", title_justify="left")
         for column in ("kernel", "calls", "hits", "compiles"):
             table.add_column(column, justify="right" if column != "kernel" else "left")
         for k in report.kernels:
             table.add_row(k.name, str(k.calls), str(k.hits), f"[red]{k.compiles}[/red]" if k.compiles else "0")
         out.print(table)
-        out.print(f"{report.hits} hits, {report.compiles} compiles, {len(report.gcc_builds)} gcc builds, "
-                  f"{len(report.files_written)} files written in {report.seconds:.1f}s")
-    if not report.ok:
-        raise CompilesDetected(f"{report.compiles} compile(s), {len(report.gcc_builds)} gcc build(s), "
-                               f"{len(report.files_written)} new file(s) in {report.cache_dir}")
+    for check in report.flashinfer:
+        state = "called" if check.called else "loaded" if check.loaded else "found" if check.found else "NOT FOUND"
+        out.print(f"flashinfer {check.name} ({' '.join(check.archs)}): {state}"
+                  + ("" if check.on_gpu else " (no GPU: not called)"), markup=False)
+    if report.unexercised:
+        names = sorted({k.name for k in report.unexercised})
+        err.print(f"warning: {len(report.unexercised)} bundled kernel variant(s) no task asked for: "
+                  f"{', '.join(names)}", markup=False)
+    out.print(f"{report.tasks} tasks: {report.hits} hits, {report.compiles} compiles, {len(report.gcc_builds)} gcc "
+              f"builds, {len(report.files_written)} files written in {report.seconds:.1f}s")
 
 
 # -- fleet distribution: registries, URLs, diff, merge ----------------------------------------------

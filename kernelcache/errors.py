@@ -119,6 +119,18 @@ class CompilesDetected(KernelcacheError):
     exit_code = 50
 
 
+class NothingVerified(KernelcacheError):
+    """verify had nothing to run: the plan's paths and dtypes select no task and no FlashInfer module."""
+
+    exit_code = 52
+
+
+class FlashInferUnverified(KernelcacheError):
+    """verify could not find, load or (on a GPU) call an installed FlashInfer module through FlashInfer."""
+
+    exit_code = 53
+
+
 class BuildFailed(KernelcacheError):
     """An exercise worker failed."""
 

@@ -5,25 +5,43 @@ exercise processes with the installed cache as ``TRITON_CACHE_DIR`` run the same
 (really on a visible GPU of the arch; behind the fake target otherwise, so CI covers the logic), and
 count every ``compile()`` with ``cache_hit=False``, every gcc build of a launcher or ``cuda_utils``, and
 every file that appeared in the cache. Any of those fails the check -- except, with Triton >= 3.7,
-the one build of its generic ``cuda_utils`` launcher: that module's cache key holds the Triton
-install path and the libcuda dir (triton-cache.md "Launchers"), so no bundle can carry it for another
-machine. It is reported under ``tolerated`` instead.
+the one build of its generic ``cuda_utils`` launcher: that module's cache key hashes its include
+and library dirs, which hold the Triton install path and the libcuda dir (``compile_module_from_file``
+in triton/runtime/build.py), so no bundle can carry it for another machine. It is reported under ``tolerated`` instead.
+
+A bundled FlashInfer module is verified through FlashInfer itself, in a fresh interpreter with the
+cache's environment (JIT disabled): its own lookup must resolve to the installed file and load it;
+on a visible GPU of the module's arch one sampling call must run.
+
+A check that ran nothing proves nothing: when the plan selects no exercise task and no FlashInfer
+module, or the tasks asked for no kernel, the report says so and ``failure()`` is ``NothingVerified``.
+Every bundled kernel no task asked for is listed under ``unexercised``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .build import BuildTarget, check_paths, exercise
+from .build import BuildTarget, check_paths, exercise, vocab_tasks
 from .bundle.archive import read_manifest
-from .bundle.manifest import Manifest
-from .errors import BundleManifestError, UsageError
+from .bundle.manifest import FlashInferModule, Manifest, arch_to_capability
+from .errors import (
+    BundleManifestError,
+    CompilesDetected,
+    FlashInferUnverified,
+    KernelcacheError,
+    NothingVerified,
+    UsageError,
+)
 from .exercise import listener
 from .install import STATE_DIR, install, receipts, resolve_cache_dir
 from .plan import manifest as plan_file
@@ -39,6 +57,36 @@ class KernelCount:
 
 
 @dataclass(frozen=True)
+class BundledKernel:
+    """A kernel variant the bundle holds (``name`` at cache key ``key``)."""
+
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class FlashInferCheck:
+    """One bundled FlashInfer module as FlashInfer itself saw it with JIT disabled.
+
+    ``found``: FlashInfer's lookup resolved to files inside the installed cache; ``loaded``: it loaded
+    the module; ``called``: one sampling call ran (only tried where ``on_gpu``).
+    """
+
+    name: str
+    archs: tuple[str, ...]
+    artifacts: tuple[str, ...]
+    found: bool
+    loaded: bool
+    on_gpu: bool
+    called: bool = False
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.found and self.loaded and (self.called or not self.on_gpu)
+
+
+@dataclass(frozen=True)
 class VerifyReport:
     cache_dir: Path
     mode: str
@@ -48,6 +96,9 @@ class VerifyReport:
     files_written: tuple[str, ...]
     seconds: float
     tolerated: tuple[str, ...] = ()
+    tasks: int = 0  # exercise tasks run
+    unexercised: tuple[BundledKernel, ...] = ()  # bundled kernels no task asked for
+    flashinfer: tuple[FlashInferCheck, ...] = ()
 
     @property
     def compiles(self) -> int:
@@ -58,22 +109,55 @@ class VerifyReport:
         return sum(k.hits for k in self.kernels)
 
     @property
+    def nothing_verified(self) -> bool:
+        """No kernel was asked for and no FlashInfer module checked: an ok here would prove nothing."""
+        return not self.kernels and not self.flashinfer
+
+    @property
     def ok(self) -> bool:
-        return self.compiles == 0 and not self.gcc_builds and not self.files_written
+        return self.failure() is None
+
+    def failure(self) -> KernelcacheError | None:
+        """The error this report amounts to, or None when the cache passed."""
+        if self.compiles or self.gcc_builds or self.files_written:
+            return CompilesDetected(f"{self.compiles} compile(s), {len(self.gcc_builds)} gcc build(s), "
+                                    f"{len(self.files_written)} new file(s) in {self.cache_dir}")
+        bad = [c for c in self.flashinfer if not c.ok]
+        if bad:
+            return FlashInferUnverified(f"FlashInfer module {bad[0].name}: {_fi_problem(bad[0], self.cache_dir)}")
+        if self.nothing_verified:
+            return NothingVerified(f"nothing was verified: the plan ran {self.tasks} exercise task(s), which asked for "
+                                   f"no kernel, and checked no FlashInfer module; {len(self.unexercised)} bundled "
+                                   "kernel(s) unexercised (check --path and --dtype: registry and mrv1 need float32)")
+        return None
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "cache_dir": str(self.cache_dir), "mode": self.mode, "arch": self.arch,
                 "compiles": self.compiles, "hits": self.hits, "gcc_builds": list(self.gcc_builds),
                 "files_written": list(self.files_written), "tolerated": list(self.tolerated),
-                "seconds": self.seconds,
-                "kernels": [k.__dict__ for k in self.kernels]}
+                "seconds": self.seconds, "tasks": self.tasks, "nothing_verified": self.nothing_verified,
+                "kernels": [asdict(k) for k in self.kernels],
+                "unexercised": [asdict(k) for k in self.unexercised],
+                "flashinfer": [{**asdict(c), "ok": c.ok} for c in self.flashinfer]}
+
+
+def _fi_problem(check: FlashInferCheck, root: Path) -> str:
+    if not check.found:
+        where = ", ".join(check.artifacts) or "nothing"
+        return f"FlashInfer's lookup resolved to {where}, not a file in {root}" + (
+            f" ({check.error})" if check.error else "")
+    if not check.loaded:
+        return f"not loaded ({check.error})"
+    return f"not callable on the GPU ({check.error})"
 
 
 def verify(bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
            manifest: str | os.PathLike | None = None, gpus: list[str] | None = None,
            vocabs: list[int] | None = None, dtypes: list[str] | None = None, max_num_seqs: int | None = None,
            paths: list[str] | None = None, mode: str = "auto", jobs: int | None = None) -> VerifyReport:
-    """Install ``bundle`` (into ``cache_dir`` or a fresh temp dir) or take an installed cache, and check it."""
+    """Install ``bundle`` (into ``cache_dir`` or a fresh temp dir) or take an installed cache, and check it.
+
+    The report's ``failure()`` says whether the cache passed (the CLI exits with its code)."""
     scratch = Path(tempfile.mkdtemp(prefix="kernelcache-verify-"))
     try:
         if bundle is not None:
@@ -84,11 +168,26 @@ def verify(bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike
             root = resolve_cache_dir(cache_dir)
             bundle_manifest = _installed_manifest(root)
         plan = _plan(bundle_manifest, manifest, gpus, vocabs, dtypes, max_num_seqs, paths)
-        check_paths(plan)
-        target = _target(bundle_manifest, mode)
-        return _check(plan, target, root, scratch / "work", jobs or os.cpu_count() or 1)
+        return _verify_plan(plan, bundle_manifest, root, scratch / "work", mode, jobs or os.cpu_count() or 1)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _verify_plan(plan: plan_file.BuildPlan, bundle: Manifest, root: Path, work: Path, mode: str,
+                 jobs: int) -> VerifyReport:
+    """The plan's Triton tasks (when it selects any), then the bundle's FlashInfer modules (when asked for)."""
+    triton_plan = replace(plan, paths=tuple(p for p in plan.paths if p != "flashinfer"))
+    started = time.perf_counter()
+    if any(vocab_tasks(triton_plan, v.size) for v in triton_plan.vocabs):
+        check_paths(triton_plan)
+        report, asked = _check(triton_plan, _target(bundle, mode), root, work, jobs)
+    else:
+        report, asked = VerifyReport(root, "none", bundle.target.arch, (), (), (), 0.0), set()
+    modules = bundle.flashinfer if "flashinfer" in plan.paths else ()
+    checks = tuple(_check_flashinfer(m, root, mode) for m in modules)
+    unexercised = sorted((BundledKernel(k.name, k.key) for k in bundle.kernels if k.key not in asked),
+                         key=lambda k: (k.name, k.key))
+    return replace(report, seconds=time.perf_counter() - started, flashinfer=checks, unexercised=tuple(unexercised))
 
 
 def _installed_manifest(root: Path) -> Manifest:
@@ -102,8 +201,12 @@ def _installed_manifest(root: Path) -> Manifest:
 
 
 def _plan(bundle: Manifest, manifest, gpus, vocabs, dtypes, max_num_seqs, paths) -> plan_file.BuildPlan:
-    """The plan the bundle was built with (flags or another manifest override it)."""
-    if manifest is not None:
+    """The plan the bundle was built with (flags or another manifest override it).
+
+    A bundle of FlashInfer modules only needs no plan: verify checks its modules."""
+    if manifest is None and not bundle.build.plan and bundle.flashinfer and not bundle.kernels:
+        plan = plan_file.load().override(paths=["flashinfer"])
+    elif manifest is not None:
         plan = plan_file.load(manifest)
     elif "merged_from" in (bundle.build.plan or {}):
         raise UsageError("a merged bundle records no single build plan; pass --manifest (or the build flags) "
@@ -115,8 +218,7 @@ def _plan(bundle: Manifest, manifest, gpus, vocabs, dtypes, max_num_seqs, paths)
             raise UsageError(f"the bundle's recorded build plan is unreadable ({exc}); pass --manifest") from None
     else:
         raise UsageError("the bundle records no build plan (it was packed, not built); pass --manifest or flags")
-    plan = plan.override(gpus=gpus, vocabs=vocabs, dtypes=dtypes, max_num_seqs=max_num_seqs, paths=paths)
-    return plan.override(paths=[p for p in plan.paths if p != "flashinfer"] or None)
+    return plan.override(gpus=gpus, vocabs=vocabs, dtypes=dtypes, max_num_seqs=max_num_seqs, paths=paths)
 
 
 def _target(bundle: Manifest, mode: str) -> BuildTarget:
@@ -131,10 +233,12 @@ def _target(bundle: Manifest, mode: str) -> BuildTarget:
     return BuildTarget(arch, sms, (profile,), "native" if run_native else "cross")
 
 
-def _check(plan, target: BuildTarget, root: Path, work: Path, jobs: int) -> VerifyReport:
+def _check(plan, target: BuildTarget, root: Path, work: Path, jobs: int) -> tuple[VerifyReport, set[str]]:
+    """Run the plan's tasks against ``root``; the report and the cache keys the tasks asked for."""
     before = _snapshot(root)
     started = time.perf_counter()
     _, records = exercise(plan, target, work, root, jobs)
+    jobs_run = [vocab_tasks(plan, v.size) for v in plan.vocabs]
     seconds = time.perf_counter() - started
     written = sorted(set(_snapshot(root)) - set(before))
     compiles = listener.compiles(records)
@@ -147,8 +251,58 @@ def _check(plan, target: BuildTarget, root: Path, work: Path, jobs: int) -> Veri
         tolerated += [f for f in written if Path(f).name.startswith("cuda_utils")]
         gcc = [n for n in gcc if n != "cuda_utils"]
         written = [f for f in written if not Path(f).name.startswith("cuda_utils")]
-    return VerifyReport(root, target.mode, target.arch, kernels, tuple(gcc), tuple(written), seconds,
-                        tuple(tolerated))
+    report = VerifyReport(root, target.mode, target.arch, kernels, tuple(gcc), tuple(written), seconds,
+                          tuple(tolerated), tasks=sum(len(tasks) for tasks in jobs_run))
+    return report, {r["key"] for r in compiles}
+
+
+def _check_flashinfer(module: FlashInferModule, root: Path, mode: str) -> FlashInferCheck:
+    """FlashInfer's own lookup and load of ``module`` from ``root`` in a fresh interpreter, JIT disabled."""
+    from .runtime import flashinfer as fi_runtime
+
+    on_gpu = mode != "cross" and _gpu_for(module)
+    env = {**os.environ, **fi_runtime.environment(root), "FLASHINFER_DISABLE_JIT": "1"}
+    command = [sys.executable, "-m", "kernelcache.exercise.flashinfer_probe", module.name]
+    if on_gpu:
+        command.append("--call")
+    else:
+        env["FLASHINFER_CUDA_ARCH_LIST"] = _arch_list(module.archs[0])  # stands in for the GPU's arch
+        libcudart = _cuda_runtime()
+        if libcudart:
+            command += ["--libcudart", libcudart]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    try:
+        seen = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        seen = {"artifacts": [], "loaded": False, "error": f"the probe exited {done.returncode}: "
+                f"{' '.join(done.stderr.split())[-500:]}"}
+    artifacts = tuple(seen["artifacts"])
+    found = bool(artifacts) and all(Path(a).resolve().is_relative_to(root.resolve()) for a in artifacts)
+    return FlashInferCheck(module.name, tuple(module.archs), artifacts, found, bool(seen["loaded"]), on_gpu,
+                           bool(seen.get("called")), seen.get("error"))
+
+
+def _gpu_for(module: FlashInferModule) -> bool:
+    wanted = {arch_to_capability(a) for a in module.archs}
+    return any(g.capability in wanted for g in visible_gpus())
+
+
+def _arch_list(arch: str) -> str:
+    """``sm90a`` -> ``9.0a``: how ``FLASHINFER_CUDA_ARCH_LIST`` names an arch."""
+    text = arch.removeprefix("sm_").removeprefix("sm")
+    digits = text.rstrip("af")
+    return f"{digits[:-1]}.{digits[-1]}{text[len(digits):]}"
+
+
+def _cuda_runtime() -> str | None:
+    """A CUDA runtime library to load the module with where torch brings none (CPU-only torch)."""
+    from .exercise.flashinfer import find_toolchain
+
+    try:
+        path = find_toolchain().root / "lib" / "libcudart.so.13"
+    except KernelcacheError:
+        return None
+    return str(path) if path.exists() else None
 
 
 def _generic_launcher() -> bool:

@@ -159,6 +159,24 @@ def test_flashinfer_resolves_to_the_installed_file_with_jit_disabled(bundle, sam
                 "sampling").exists()
 
 
+def test_verify_checks_a_flashinfer_only_bundle_through_flashinfer(sampling90, bundle, tmp_path):
+    """A FlashInfer-only bundle runs no exercise task; verify used to pass it with 0 hits, checking nothing."""
+    module, members, workdir = sampling90
+    bundles = [bundle]  # no recorded plan
+    if not os.environ.get("KERNELCACHE_TEST_FLASHINFER_WORKDIR"):
+        bundles.append(workdir.parents[2] / "out" / "vllm-sampler-sm_90-h200.tar.zst")  # plan: paths flashinfer
+    for i, path in enumerate(bundles):
+        cache = tmp_path / f"cache{i}"
+        done = kc("verify", str(path), "--cache-dir", str(cache), "--json",
+                  env={**NO_GPU, "HOME": str(tmp_path / "home")})
+        assert done.returncode == 0, done.stderr[-2000:]
+        report = json.loads(done.stdout)
+        [check] = report["flashinfer"]
+        assert report["ok"] and report["tasks"] == 0 and not report["nothing_verified"]
+        assert check["artifacts"] == [str(cache / members[0].path)]
+        assert check["found"] and check["loaded"] and not check["on_gpu"] and not check["called"]
+
+
 def test_another_arch_fails_loudly_instead_of_compiling(bundle, tmp_path):
     variables = installed(bundle, tmp_path / "cache")
     result, compiles = probe(variables, libcudart(), tmp_path, FLASHINFER_CUDA_ARCH_LIST="10.0a",

@@ -1,0 +1,34 @@
+"""``kernelcache verify`` never passes having verified nothing (issue 13, defect 1).
+
+A plan whose paths and dtypes select no exercise task (registry and MRV1 need float32) used to report
+ok with 0 hits and 0 compiles. It now exits 52, and every bundled kernel shows up as unexercised.
+"""
+
+from __future__ import annotations
+
+import json
+
+from conftest import ROOT, kc
+
+from kernelcache.bundle import archive
+
+RECIPE = str(ROOT / "cache-manifests" / "vllm-sampler.toml")
+NOTHING = ("--manifest", RECIPE, "--gpu", "h200", "--path", "registry", "--path", "mrv1", "--dtype", "bfloat16")
+
+
+def test_a_plan_that_selects_no_task_fails_and_lists_every_bundled_kernel(bundle90):
+    done = kc("verify", str(bundle90), *NOTHING, "--json")
+    assert done.returncode == 52, done.stderr
+    report = json.loads(done.stdout)
+    assert not report["ok"] and report["nothing_verified"] and report["tasks"] == 0
+    assert report["hits"] == 0 and report["kernels"] == []
+    bundled = {(k.name, k.key) for k in archive.read_manifest(bundle90).kernels}
+    assert {(k["name"], k["key"]) for k in report["unexercised"]} == bundled
+    assert "nothing was verified" in done.stderr and "float32" in done.stderr
+
+
+def test_the_text_report_warns_about_unexercised_kernels(bundle90):
+    done = kc("verify", str(bundle90), *NOTHING)
+    assert done.returncode == 52
+    assert "no task asked for" in done.stderr and "add_kernel" in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("kernelcache: error: nothing was verified")
