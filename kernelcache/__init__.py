@@ -4,7 +4,7 @@ The Python API has the CLI's verbs. Importing this package imports neither torch
 each verb imports what it needs when called.
 
     import kernelcache
-    kernelcache.activate("/bundles/vllm-sampler-sm_90-h200.tar.zst")   # before importing vllm
+    kernelcache.activate(bundle="/bundles/vllm-sampler-sm_90-h200.tar.zst")   # before importing vllm
 """
 
 from __future__ import annotations

@@ -112,6 +112,7 @@ def test_verify_counts_hits_and_fails_on_a_missing_kernel(cross_build, tmp_path)
     assert report["ok"] and report["compiles"] == 0 and report["hits"] > 40 and report["mode"] == "cross"
     assert report["gcc_builds"] == [] and report["files_written"] == []
     assert all("cuda_utils" in t for t in report["tolerated"])
+    assert report["unexercised"] == [] and report["tasks"] == 3  # every bundled kernel was asked for
 
     cache = tmp_path / "c"
     kc("install", str(bundle), "--cache-dir", str(cache), check=True)

@@ -186,7 +186,7 @@ def test_another_arch_fails_loudly_instead_of_compiling(bundle, tmp_path):
 
 
 def test_activate_in_process_reaches_flashinfer_and_refuses_when_too_late(bundle, tmp_path):
-    code = ("import kernelcache, sys; kernelcache.activate(sys.argv[1], cache_dir=sys.argv[2])\n"
+    code = ("import kernelcache, sys; kernelcache.activate(bundle=sys.argv[1], cache_dir=sys.argv[2])\n"
             "import json, flashinfer.jit.env as e\n"
             "print(json.dumps([str(p.jit_cache_dir) for p in e.FLASHINFER_AOT_PROVIDERS]))\n")
     env = clean_env(**NO_GPU, FLASHINFER_CUDA_ARCH_LIST="9.0a", HOME=str(tmp_path / "home"))

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
+import pytest
 from conftest import clean_env, kc, run_job
+
+import kernelcache
+from kernelcache.errors import UsageError
 
 PRINT_CHILD = ("import os, subprocess, sys; print(subprocess.run([sys.executable, '-c', "
                "'import os; print(os.environ[\"TRITON_CACHE_DIR\"])'], capture_output=True, text=True).stdout)")
@@ -42,7 +47,7 @@ def test_run_passes_the_exit_code_through(tmp_path):
 
 
 def test_activate_in_process_then_kernels_hit(bundle90, tmp_path):
-    code = ("import kernelcache, sys; kernelcache.activate(sys.argv[1], cache_dir=sys.argv[2]); "
+    code = ("import kernelcache, sys; kernelcache.activate(bundle=sys.argv[1], cache_dir=sys.argv[2]); "
             "import os; print(os.environ['TRITON_CACHE_DIR'])")
     cache = tmp_path / "c"
     done = subprocess.run([sys.executable, "-c", code, str(bundle90), str(cache)], capture_output=True, text=True,
@@ -54,9 +59,33 @@ def test_activate_in_process_then_kernels_hit(bundle90, tmp_path):
 
 
 def test_activate_refuses_when_triton_is_already_pinned(tmp_path):
+    (tmp_path / "c").mkdir()
     code = ("import triton, kernelcache; triton.knobs.cache.dir = '/somewhere/else'\n"
             "from kernelcache.errors import AlreadyActivated\n"
             f"try:\n    kernelcache.activate(cache_dir={str(tmp_path / 'c')!r})\n"
             "except AlreadyActivated as e:\n    print('refused', e)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env())
     assert done.stdout.startswith("refused") and "/somewhere/else" in done.stdout
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("call", [
+    lambda tmp: kernelcache.activate(bundle=tmp / "typo" / "bundle.tar.zst"),
+    lambda tmp: kernelcache.activate(bundle=tmp),  # a directory is not a bundle
+    lambda tmp: kernelcache.activate(cache_dir=tmp / "typo"),
+    lambda tmp: kernelcache.activate(bundle=tmp / "typo.tar.zst", cache_dir=tmp / "c"),
+], ids=["missing-bundle", "dir-as-bundle", "missing-cache-dir", "missing-bundle-with-cache-dir"])
+def test_activate_refuses_a_path_that_does_not_exist(call, tmp_path, monkeypatch):
+    """A mistyped path used to come back as TRITON_CACHE_DIR: a silent cold start (issue 13, defect 2)."""
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    with pytest.raises(UsageError, match="does not exist"):
+        call(tmp_path)
+    assert "TRITON_CACHE_DIR" not in os.environ
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.fast
+def test_activate_takes_no_positional_path():
+    """The API never guesses whether a path is a bundle or a cache dir."""
+    with pytest.raises(TypeError):
+        kernelcache.activate("/bundles/b.tar.zst")  # type: ignore[misc]

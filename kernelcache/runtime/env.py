@@ -41,20 +41,23 @@ def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | Non
     return result, environment(root)
 
 
-def activate(bundle_or_dir: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
+def activate(*, bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
              force: bool = False) -> dict[str, str]:
-    """Use a bundle (installed first) or an installed cache dir in this process and its children.
+    """Use a bundle (installed into ``cache_dir`` first) or an installed cache dir in this process and its children.
 
-    Call it before importing triton or vllm. Raises ``AlreadyActivated`` when Triton's cache dir
-    was already pinned in this process to somewhere else.
+    ``activate(bundle="/bundles/b.tar.zst")`` installs (a no-op when already there) into ``cache_dir``,
+    default as ``kernelcache install``; ``activate(cache_dir="/caches/c")`` uses what is installed there.
+    A bundle that is not a file, or a cache dir that does not exist, is refused (``UsageError``): a
+    mistyped path must not become a silent cold start. Call it before importing triton or vllm. Raises
+    ``AlreadyActivated`` when Triton's cache dir was already pinned in this process to somewhere else.
     """
-    bundle = None
-    if bundle_or_dir is not None and Path(bundle_or_dir).is_file():
-        bundle = bundle_or_dir
-    elif bundle_or_dir is not None:
-        if cache_dir is not None:
-            raise UsageError("give either an installed cache dir or --cache-dir, not both")
-        cache_dir = bundle_or_dir
+    if bundle is not None and not Path(bundle).is_file():
+        raise UsageError(f"bundle {bundle} does not exist (or is not a file)")
+    if bundle is None:
+        root = resolve_cache_dir(cache_dir)
+        if not root.is_dir():
+            raise UsageError(f"cache dir {root} does not exist; install a bundle into it first "
+                             "(or pass bundle=...)")
     _, variables = prepare(bundle, cache_dir, force)
     _refuse_if_pinned(variables["TRITON_CACHE_DIR"])
     if "PYTHONPATH" in variables:
