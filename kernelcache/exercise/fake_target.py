@@ -2,7 +2,8 @@
 
 Triton's JIT asks its active driver for the target, the device and the stream, derives the
 specialization from the real arguments, and only then compiles; nothing of the driver goes into
-the cache key except the target (shared/research/triton-cache.md §3b). ``FakeCudaDriver`` answers
+the cache key except the target (``JITFunction.run`` in triton/runtime/jit.py keys on
+``target = driver.active.get_current_target()``). ``FakeCudaDriver`` answers
 those questions for a named arch and turns launches into no-ops. It also builds what Triton 3.6
 builds with gcc at first launch -- the per-signature ``__triton_launcher`` and ``cuda_utils`` --
 against a stub ``libcuda.so.1``, so the bundle carries them prebuilt.
@@ -12,7 +13,6 @@ Use one process per target: Triton memoises the target per JIT function and devi
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import re
@@ -121,21 +121,36 @@ def _noop_launcher(src: Any, metadata: Any):
     return lambda *args, **kwargs: None
 
 
+class LauncherBuildError(RuntimeError):
+    """Triton's C launcher or ``cuda_utils`` module could not be built: a bundle would lack it, and the
+    GPU would then build it with gcc at first launch. The exercise task fails, and with it the build."""
+
+
 def _prebuilding_launcher(src: Any, metadata: Any):
     """Build the real launcher .so into the cache (as the GPU would at first launch), launch nothing."""
     from triton.backends.nvidia.driver import CudaLauncher
 
-    # The .so is in the cache even when importing the stub-linked module fails.
-    with contextlib.suppress(ImportError, OSError, RuntimeError, AttributeError):
+    try:
         CudaLauncher(src, metadata)
+    except Exception as exc:
+        name = getattr(metadata, "name", None) or getattr(getattr(src, "fn", None), "__name__", "?")
+        raise LauncherBuildError(f"cannot build Triton's launcher for kernel {name}: {_why(exc)}") from exc
     return _noop_launcher(src, metadata)
 
 
 def build_cuda_utils() -> None:
+    """Build Triton's ``cuda_utils`` module into the cache (the GPU builds it when the driver starts)."""
     from triton.backends.nvidia.driver import CudaUtils
 
-    with contextlib.suppress(ImportError, OSError, RuntimeError, AttributeError):
+    try:
         CudaUtils()
+    except Exception as exc:
+        raise LauncherBuildError(f"cannot build Triton's cuda_utils module: {_why(exc)}") from exc
+
+
+def _why(exc: Exception) -> str:
+    compiler = os.environ.get("KERNELCACHE_REAL_CC") or os.environ.get("CC") or "gcc"
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())} (C compiler: {compiler})"
 
 
 def prebuild_launchers(functions) -> int:

@@ -80,7 +80,12 @@ def main(path: str) -> int:
     for task in job.tasks:
         results.append(_run_task(task))
         failed = failed or not results[-1]["ok"]
-        launchers += _between_tasks(job, functions)
+        try:
+            launchers += _between_tasks(job, functions)
+        except Exception as exc:  # noqa: BLE001 -- a launcher that cannot be built fails the task's job
+            results.append({"label": f"{task.label or task.call} (launchers)", "ok": False,
+                            "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+            failed = True
     return _finish(path, results, launchers, started, failed, job.capability)
 
 
