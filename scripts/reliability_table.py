@@ -55,27 +55,32 @@ def found(tmp: Path, name: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(tmp.rglob(name))]
 
 
-def table(tmp: Path, counts: dict, seconds: float) -> str:
+def hostile_cases() -> str:
+    """The hostile-bundle row's count, from the corpus itself (tests/hostile.py)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from hostile import CASES
 
+    by_code: dict[int, int] = {}
+    for case in CASES:
+        by_code[case.error.exit_code] = by_code.get(case.error.exit_code, 0) + 1
+    codes = ", ".join(f"{code}: {n}" for code, n in sorted(by_code.items()))
+    return f"{len(CASES)} cases (by exit code: {codes})"
+
+
+def table(tmp: Path, counts: dict, seconds: float) -> str:
     flips_file = (found(tmp, "flips-file.json") or [{}])[0]
     flips_tar = (found(tmp, "flips-tar.json") or [{}])[0]
     kills = (found(tmp, "kills.json") or [{"outcomes": {}}])[0]
     reader = (found(tmp, "seen.json") or [{}])[0]
     installers = (found(tmp, "installers.json") or [{}])[0]
     killed = sum(n for k, n in kills["outcomes"].items() if k.startswith("killed"))
-    by_code: dict[int, int] = {}
-    for case in CASES:
-        by_code[case.error.exit_code] = by_code.get(case.error.exit_code, 0) + 1
 
     def ok(module: str) -> str:
         c = counts.get(module, {})
         return f"{c.get('passed', 0)} passed, {c.get('failed', 0)} failed, {c.get('skipped', 0)} skipped"
 
     rows = [
-        ("Hand-made hostile bundles", f"{len(CASES)} cases (by exit code: "
-         + ", ".join(f"{code}: {n}" for code, n in sorted(by_code.items())) + ")",
+        ("Hand-made hostile bundles", hostile_cases(),
          "each refused, one line, its exit code; cache and surroundings unchanged"),
         ("Bit flips in the bundle file", f"{sum(flips_file.values())} seeded flips", _codes(flips_file)),
         ("Bit flips inside the tar (recompressed)", f"{sum(flips_tar.values())} seeded flips", _codes(flips_tar)),

@@ -1,0 +1,1 @@
+"""Test helpers: a package the tests import from (never from conftest)."""
