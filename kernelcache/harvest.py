@@ -1,7 +1,8 @@
 """Read a Triton cache directory into bundle entries, skipping anything incomplete.
 
 A Triton cache holds one directory per key. A kernel directory is complete once its
-``__grp__<name>.json`` exists: Triton writes that group file last (triton-cache.md §1). Its
+``__grp__<name>.json`` exists: Triton writes that group file last (``FileCacheManager.put_group`` in
+triton/runtime/cache.py). Its
 ``child_paths`` are absolute, so the bundle stores a relocatable group that names children by
 basename; ``install`` writes the absolute form for wherever the cache lands. Directories that hold
 only gcc-built extension modules (``__triton_launcher*.so``, ``cuda_utils*.so``) have no group file

@@ -390,7 +390,8 @@ def _undo(moved: list[tuple[Path, Path]]) -> bool:
 
 
 def _relocate_groups(manifest: Manifest, staging: Path, cache_dir: Path) -> None:
-    """Check every group file and point its children at the final absolute paths (triton-cache.md §1)."""
+    """Check every group file and point its children at the final absolute paths (Triton's group files
+    name their children by absolute path, so a moved cache would miss)."""
     for kernel in manifest.kernels:
         group = staging / kernel.key / f"__grp__{kernel.name}.json"
         present = {os.path.basename(f.path) for f in kernel.files}

@@ -15,8 +15,8 @@ pip install --upgrade pip >/dev/null
 pip install "torch==$TORCH_VERSION" "triton==$TRITON_VERSION"
 pip install -e ".[test]"
 
-# vLLM 0.33.0's pure-Python sampler code, without its CUDA torch 2.14 pin (the build only imports the
-# sampler modules; shared/research/vllm-sampler.md §5). xgrammar without deps, or it pulls another triton.
+# vLLM 0.33.0's pure-Python sampler code, without its CUDA torch 2.14 pin (its wheel requires torch==2.14.0;
+# the build only imports the sampler modules). xgrammar without deps, or it pulls another triton.
 if [ "${KERNELCACHE_SETUP_VLLM:-1}" = 1 ] && ! "$VENV/bin/python" -c "import importlib.metadata as m; m.version('vllm')" 2>/dev/null; then
   pip install --no-deps "vllm==${VLLM_VERSION:-0.33.0}" "xgrammar==0.2.8"
   pip install packaging regex requests numpy psutil pyzmq pydantic cbor2 "transformers>=5.16.1,<5.21" aiohttp \

@@ -1,7 +1,7 @@
 """The environment fingerprint: what must be equal on both sides for a bundle to hit.
 
 Triton's cache key is ``triton_key()-src.hash()-backend.hash()-options.hash()-env_vars``
-(shared/research/triton-cache.md). ``triton_key()`` changes with the wheel (and with the Python
+(``compile`` in triton/compiler/compiler.py). ``triton_key()`` changes with the wheel (and with the Python
 minor, which picks ``libtriton.so``), ``backend.hash()`` is the ptxas ``--version`` text plus the
 arch, ``options`` take ``PTXAS_OPTIONS`` and a few knobs from the environment, and the env-var part
 is the set of cache-invalidating variables that are *set* (even to their default). The kernel

@@ -1,7 +1,7 @@
 """FlashInfer's ``sampling`` JIT module as bundle members: built for a named arch, or taken from a JIT dir.
 
 vLLM's default CUDA sampler (``flashinfer_sample``) runs FlashInfer's ``sampling`` module, one
-``sampling.so`` that nvcc + ninja build at engine start (shared/research/flashinfer-cache.md §1).
+``sampling.so`` that nvcc + ninja build at first use (``get_sampling_module`` in flashinfer/sampling.py).
 
 * ``build_sampling`` (cross mode) builds it without a GPU: FlashInfer's own ``gen_sampling_module()
   .build()`` in a child process, with ``FLASHINFER_CUDA_ARCH_LIST`` naming the target and nvcc from
@@ -35,8 +35,8 @@ from ..errors import BuildFailed, MissingDependency, StorageError, UsageError
 from ..harvest import Member
 
 MODULE = "sampling"
-# The CUDA 13.0 set measured to build sampling (flashinfer-cache.md §3.2); nvcc, crt and runtime
-# must share one CUDA version. cuobjdump is only on PyPI from 13.2; it reads 13.0 fatbins.
+# The CUDA 13.0 wheels that build sampling: nvcc with its crt and nvvm parts, the runtime, curand's
+# headers; nvcc, crt and runtime must share one CUDA version. cuobjdump is only on PyPI from 13.2; it reads 13.0 fatbins.
 CUDA_VERSION = "13.0.88"
 CUDA_WHEELS = (
     "nvidia-cuda-nvcc==13.0.88",

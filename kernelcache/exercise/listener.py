@@ -2,7 +2,7 @@
 
 ``triton.knobs.compilation.listener`` is called on every compile, hit or miss, with the source
 (signature, constexprs, attrs), the metadata (hash, num_warps, ...) and ``cache_hit``
-(shared/research/triton-cache.md §2). Triton's own metadata file keeps no signature or
+(``compile`` in triton/compiler/compiler.py). Triton's own metadata file keeps no signature or
 constexprs, so this log is where the bundle manifest gets them, where ``verify`` counts compiles,
 and where the overlay's miss log comes from. Lines are appended with one ``write`` each, so
 threads and processes can share one log.

@@ -1,7 +1,8 @@
 """Point Triton (and FlashInfer) at an installed cache: shell exports, exec, or in-process.
 
 Everything is carried by environment variables, so it reaches vLLM's engine and worker
-processes: vLLM keeps a ``TRITON_CACHE_DIR`` that is set before it starts (vllm-sampler.md §4).
+processes: vLLM sets ``TRITON_CACHE_DIR`` itself only when it is unset (``initialize_inductor_cache``
+in vllm/compilation/compiler_interface.py), so one set before it starts is kept.
 When the cache holds FlashInfer modules, runtime/flashinfer.py adds PYTHONPATH (its provider
 registration) and ``FLASHINFER_DISABLE_JIT=1``.
 """

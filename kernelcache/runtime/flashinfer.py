@@ -1,6 +1,6 @@
 """Make FlashInfer load the installed modules: jit-cache providers behind its own entry point.
 
-FlashInfer trusts two places for a prebuilt module (flashinfer-cache.md §1.2, §5): the package's
+FlashInfer trusts two places for a prebuilt module (``get_aot_artifacts`` in flashinfer/jit/env.py): the package's
 ``flashinfer/data/aot/<name>/<name>.so``, loaded with no version or arch check and only where
 site-packages is writable, and providers registered in the ``flashinfer.jit_cache.providers``
 entry-point group, which FlashInfer checks against its version and the GPU's arch. kernelcache uses

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepare what a GPU run on the H200 (Python 3.12, torch 2.11, triton 3.6, no vLLM, no network) must carry:
 # vLLM 0.33.0's pure-Python tree (every .so, vllm-rs and C/C++ source stripped) plus the cp312 wheels its
-# sampler imports that the image lacks (shared/research/vllm-on-h200.md §1), and zstandard for kernelcache.
+# sampler imports that the image lacks, and zstandard for kernelcache.
 # Output: .carry/vllm-h200.tar.xz (git-ignored), about 18 MB.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -2,7 +2,7 @@
 
 The H200 image has no vLLM; the harness carries vLLM 0.33.0's pure-Python tree, which has none of
 its compiled extensions. ``vllm/platforms/cuda.py`` imports ``vllm._C_stable_libtorch`` at import
-time although the sampler never calls into it (vllm-on-h200.md §1: zero attribute lookups). This
+time although the sampler never calls into it (measured on the H200: zero attribute lookups). This
 finder returns an empty module for that one name and records every attribute looked up on it.
 """
 
