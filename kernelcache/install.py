@@ -33,54 +33,23 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-from filelock import FileLock, Timeout
 
 from .bundle import archive
 from .bundle.fingerprint import Difference, compare, compare_gpu, local_environment
 from .bundle.manifest import Kernel, Manifest
+from .cachedir import CacheDir, Journal, Receipt, atomic_write, publish_entries, recover, resolve_cache_dir
+from .cachedir.flashinfer_site import write_site
 from .errors import (
     ArchMismatch,
-    BundleManifestError,
     EntryError,
     FingerprintMismatch,
     KernelcacheError,
     StorageError,
-    UsageError,
 )
 from .harvest import KEY_PATTERN
 from .plan.gpus import visible_gpus
-
-STATE_DIR = ".kernelcache"
-
-
-def lock_timeout() -> float:
-    """Seconds an install waits for another one's lock: KERNELCACHE_LOCK_TIMEOUT, default 600."""
-    text = os.environ.get("KERNELCACHE_LOCK_TIMEOUT", "600")
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:  # also NaN
-        raise UsageError(f"KERNELCACHE_LOCK_TIMEOUT must be a number of seconds, got {text!r}")
-    return value
-
-
-def default_cache_dir() -> Path:
-    """Where Triton looks: KERNELCACHE_HOME, else TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache."""
-    for var in ("KERNELCACHE_HOME", "TRITON_CACHE_DIR"):
-        if os.environ.get(var):
-            return Path(os.environ[var])
-    return Path(os.environ.get("TRITON_HOME") or Path.home()) / ".triton" / "cache"
-
-
-def resolve_cache_dir(cache_dir: str | os.PathLike | None) -> Path:
-    path = Path(os.path.abspath(cache_dir if cache_dir is not None else default_cache_dir()))
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"cache dir {path} is a file, not a directory")
-    return path
 
 
 @dataclass(frozen=True)
@@ -92,6 +61,9 @@ class InstallResult:
     present: int = 0
     seconds: float = 0.0
     warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "cache_dir": str(self.cache_dir), "warnings": list(self.warnings)}
 
 
 @dataclass(frozen=True)
@@ -110,7 +82,7 @@ class InstallPlan:
 
     @property
     def already_installed(self) -> bool:
-        return installed_complete(self.cache_dir, self.digest, self.manifest)
+        return CacheDir(self.cache_dir).installed_complete(self.digest, self.manifest)
 
     def check(self) -> list[str]:
         """Raise if the bundle would miss here (unless forced); return warnings."""
@@ -131,19 +103,17 @@ class InstallPlan:
         started = time.perf_counter()
         if self.already_installed:
             return InstallResult(self.cache_dir, self.digest, "already-installed", seconds=0.0, warnings=warnings)
-        state = _state_dir(self.cache_dir)
+        cache = CacheDir(self.cache_dir)
+        cache.ensure_state()
         try:
-            with FileLock(str(state / "lock"), timeout=lock_timeout()):
-                recover(self.cache_dir, locked=True)
+            with cache.locked():
+                recover(cache, locked=True)
                 if self.already_installed:
                     return InstallResult(self.cache_dir, self.digest, "already-installed",
                                          seconds=time.perf_counter() - started, warnings=warnings)
-                written, present = _install_locked(self, state)
+                written, present = _install_locked(self, cache)
                 if self.manifest.flashinfer:
-                    _write_flashinfer_loader(self.cache_dir)
-        except Timeout:
-            waited = f"timed out after {lock_timeout():.0f}s waiting for the lock on {self.cache_dir}"
-            raise StorageError(waited) from None
+                    write_site(self.cache_dir)  # FlashInfer's provider registration, while the dir is writable
         except OSError as exc:
             raise StorageError(f"cannot install into {self.cache_dir}: {exc.strerror or exc}") from None
         return InstallResult(self.cache_dir, self.digest, "installed", written, present,
@@ -180,16 +150,14 @@ def install_if_present(digest: str, cache_dir: str | os.PathLike | None = None, 
                        accept: Callable[[Manifest], None] | None = None) -> InstallResult | None:
     """The bundle ``digest`` is already installed in ``cache_dir``: check it against this environment
     (from its receipt's manifest) as an install would, and return the no-op result. ``None``: not there."""
-    root = resolve_cache_dir(cache_dir)
-    receipt = next((r for r in receipts(root) if r["digest"] == digest), None)
+    cache = CacheDir.at(cache_dir)
+    receipt = cache.receipt(digest)  # a bad receipt is not found: a real install replaces it
     if receipt is None:
         return None
-    try:
-        manifest = Manifest.from_dict(receipt["manifest"])
-    except BundleManifestError:
-        return None  # let a real install replace what its receipt no longer describes
-    if archive.bundle_digest(manifest) != digest or not installed_complete(root, digest, manifest):
+    manifest = receipt.manifest
+    if archive.bundle_digest(manifest) != digest or not cache.installed_complete(digest, manifest):
         return None
+    root = cache.root
     if accept is not None:
         accept(manifest)
     plan = plan_install_manifest(Path(source or digest), manifest, root, force, check_gpu)
@@ -221,45 +189,7 @@ def check_entries(manifest: Manifest) -> None:
                 raise EntryError(f"kernel {item.name} ({item.key}) lacks {sorted(needed - names)[0]!r}")
 
 
-# -- state: receipts, journal, staging ------------------------------------------------------------
-
-
-def _state_dir(cache_dir: Path) -> Path:
-    state = cache_dir / STATE_DIR
-    try:
-        for sub in ("", "staging", "installed", "journal"):
-            (state / sub).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StorageError(f"cannot write to {cache_dir}: {exc.strerror or exc}") from None
-    return state
-
-
-def receipt_path(cache_dir: Path, digest: str) -> Path:
-    return cache_dir / STATE_DIR / "installed" / f"{digest}.json"
-
-
-def receipts(cache_dir: Path) -> list[dict]:
-    """Every bundle installed into this cache dir, newest first (unreadable receipts left out)."""
-    return read_receipts(cache_dir)[0]
-
-
-def read_receipts(cache_dir: Path) -> tuple[list[dict], list[Path]]:
-    """(well-formed receipts newest first, paths of receipts that are not)."""
-    found, bad = [], []
-    for path in sorted((Path(cache_dir) / STATE_DIR / "installed").glob("*.json")):
-        try:
-            receipt = json.loads(path.read_text())
-        except (OSError, ValueError):
-            receipt = None
-        well_formed = (isinstance(receipt, dict) and isinstance(receipt.get("digest"), str)
-                       and isinstance(receipt.get("manifest"), dict))
-        if well_formed:
-            found.append(receipt)
-        else:
-            bad.append(path)
-    order = sorted(found, key=lambda r: r.get("installed_at", 0) if isinstance(r.get("installed_at"), int | float)
-                   else 0, reverse=True)
-    return order, bad
+# -- staging and publishing (the cache dir's own state: cachedir/) --------------------------------
 
 
 def entry_dirs(manifest: Manifest) -> list[str]:
@@ -267,80 +197,19 @@ def entry_dirs(manifest: Manifest) -> list[str]:
     return sorted({os.path.dirname(f.path) for f in manifest.files()})
 
 
-def installed_complete(cache_dir: Path, digest: str, manifest: Manifest) -> bool:
-    if not receipt_path(cache_dir, digest).is_file():
-        return False
-    return all(os.path.exists(cache_dir / f.path) for f in manifest.files())
-
-
-def pending_journals(cache_dir: Path) -> list[Path]:
-    """Journals of installs a killed process left half-published (``recover`` finishes them)."""
-    return sorted((Path(cache_dir) / STATE_DIR / "journal").glob("*.json"))
-
-
-def recover(cache_dir: Path, locked: bool = False) -> int:
-    """Finish publishes a killed install left behind; drop staging dirs and temp files no journal needs."""
-    state = Path(cache_dir) / STATE_DIR
-    if not (state / "journal").is_dir():
-        return 0
-    if not locked:
-        try:
-            with FileLock(str(state / "lock"), timeout=lock_timeout()):
-                return recover(cache_dir, locked=True)
-        except Timeout:
-            raise StorageError(f"timed out after {lock_timeout():.0f}s waiting for the lock on {cache_dir}") from None
-        except OSError as exc:
-            raise StorageError(f"cannot finish an interrupted install in {cache_dir}: {exc.strerror or exc}") from None
-    finished = sum(_roll_forward(Path(cache_dir), state, journal) for journal in pending_journals(cache_dir))
-    _sweep(state)
-    return finished
-
-
-def _roll_forward(cache_dir: Path, state: Path, journal: Path) -> int:
-    try:
-        record = json.loads(journal.read_text())
-        staging = state / "staging" / Path(record["staging"]).name
-        entries, receipt = record["entries"], record["receipt"]
-    except (OSError, ValueError, KeyError, TypeError):
-        journal.unlink(missing_ok=True)  # torn before its rename: nothing was published under it
-        return 0
-    _publish(cache_dir, staging, entries, [])
-    if all(_complete(cache_dir / rel) for rel in entries):
-        _write_receipt(cache_dir, receipt)
-    journal.unlink()
-    return 1
-
-
-def _sweep(state: Path) -> None:
-    """Remove staging dirs and temporary files; only the lock holder calls this."""
-    for stale in sorted((state / "staging").iterdir()) if (state / "staging").is_dir() else ():
-        shutil.rmtree(stale, ignore_errors=True)
-    for sub in ("journal", "installed"):
-        for temp in (state / sub).glob(".*"):
-            temp.unlink(missing_ok=True)
-
-
-def _install_locked(plan: InstallPlan, state: Path) -> tuple[int, int]:
-    staging = state / "staging" / f"{plan.digest[:16]}-{os.getpid()}"
-    journal = state / "journal" / f"{plan.digest}.json"
+def _install_locked(plan: InstallPlan, cache: CacheDir) -> tuple[int, int]:
+    staging = cache.state / "staging" / f"{plan.digest[:16]}-{os.getpid()}"
+    journal = cache.journal_path(plan.digest)
     try:
         archive.extract(plan.bundle, staging, plan.limits)
         _relocate_groups(plan.manifest, staging, plan.cache_dir)
         entries = entry_dirs(plan.manifest)
-        receipt = {
-            "digest": plan.digest,
-            "bundle": str(plan.bundle),
-            "cache_dir": str(plan.cache_dir),
-            "installed_at": time.time(),
-            "pid": os.getpid(),
-            "entries": entries,
-            "manifest": plan.manifest.to_dict(),
-        }
-        pending = receipt_path(plan.cache_dir, plan.digest).with_name(f".{plan.digest}.json.pending")
-        _atomic_write(pending, json.dumps(receipt, indent=1).encode())
+        receipt = Receipt(plan.digest, plan.manifest, tuple(entries), str(plan.bundle), str(plan.cache_dir),
+                          time.time(), os.getpid())
+        pending = cache.receipt_path(plan.digest).with_name(f".{plan.digest}.json.pending")
+        atomic_write(pending, receipt.to_json().encode())
         try:
-            _atomic_write(journal, json.dumps({"staging": staging.name, "entries": entries,
-                                               "receipt": receipt}).encode())
+            atomic_write(journal, Journal(staging.name, tuple(entries), receipt).to_json().encode())
         except BaseException:
             pending.unlink(missing_ok=True)  # no journal, nothing published: leave no receipt-sized file either
             raise
@@ -351,16 +220,9 @@ def _install_locked(plan: InstallPlan, state: Path) -> tuple[int, int]:
         if not journal.exists():
             shutil.rmtree(staging, ignore_errors=True)
     with contextlib.suppress(OSError):  # the install is complete; a full disk only loses the log line
-        _log(state, {"event": "extracted", "digest": plan.digest, "pid": os.getpid(), "written": written,
-                     "present": present, "time": time.time()})
+        cache.log({"event": "extracted", "digest": plan.digest, "pid": os.getpid(), "written": written,
+                   "present": present, "time": time.time()})
     return written, present
-
-
-def _write_flashinfer_loader(cache_dir: Path) -> None:
-    """Generate FlashInfer's provider registration now, while the cache dir is writable."""
-    from .runtime.flashinfer import write_site  # lazy: runtime code that must run at install time
-
-    write_site(cache_dir)
 
 
 def _publish_or_undo(cache_dir: Path, staging: Path, entries: list[str], pending: Path,
@@ -368,7 +230,7 @@ def _publish_or_undo(cache_dir: Path, staging: Path, entries: list[str], pending
     """Publish, then the receipt; on an OSError move back what this call published, then re-raise."""
     moved: list[tuple[Path, Path]] = []
     try:
-        counts = _publish(cache_dir, staging, entries, moved)
+        counts = publish_entries(cache_dir, staging, entries, moved)
         os.replace(pending, pending.with_name(pending.name.removeprefix(".").removesuffix(".pending")))
     except OSError:
         if _undo(moved):
@@ -415,76 +277,3 @@ def _group_children(group: Path, kernel: Kernel) -> dict[str, str]:
     if not isinstance(children, dict) or not all(isinstance(v, str) for v in children.values()):
         raise EntryError(f"group file of kernel {kernel.name} ({kernel.key}) has no child_paths mapping")
     return children
-
-
-def _publish(cache_dir: Path, staging: Path, entries: list[str], moved: list[tuple[Path, Path]]) -> tuple[int, int]:
-    """Move each staged entry into the cache; record whole-directory moves in ``moved``."""
-    written = present = 0
-    for rel in entries:
-        source, target = staging / rel, cache_dir / rel
-        if not source.exists():
-            present += 1  # published before a kill; the journal replay finds it gone from staging
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not target.exists():
-            try:
-                os.rename(source, target)
-                moved.append((source, target))
-                written += 1
-                continue
-            except OSError:
-                if not target.exists():
-                    raise
-        if _complete(target):
-            present += 1
-        else:
-            _merge_into(source, target)
-            written += 1
-    return written, present
-
-
-def _complete(entry: Path) -> bool:
-    """A Triton entry with a readable group file whose children all exist, or a module dir."""
-    if not entry.is_dir():
-        return False
-    groups = list(entry.glob("__grp__*.json"))
-    if not groups:
-        files = [p for p in entry.iterdir() if p.is_file()]
-        return bool(files) and all(p.suffix == ".so" for p in files)
-    try:
-        return all(
-            os.path.exists(p)
-            for group in groups
-            for p in json.loads(group.read_text())["child_paths"].values()
-        )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
-
-
-def _merge_into(source: Path, target: Path) -> None:
-    """Fill a partial entry file by file, the group file last, each with an atomic replace."""
-    files = sorted(source.iterdir(), key=lambda p: (p.name.startswith("__grp__"), p.name))
-    for path in files:
-        os.replace(path, target / path.name)
-
-
-def _write_receipt(cache_dir: Path, receipt: dict) -> None:
-    _atomic_write(receipt_path(cache_dir, receipt["digest"]), json.dumps(receipt, indent=1).encode())
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _log(state: Path, record: dict) -> None:
-    with open(state / "log.jsonl", "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record) + "\n")

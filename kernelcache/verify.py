@@ -34,8 +34,8 @@ from pathlib import Path
 from .build import BuildTarget, check_paths, exercise, vocab_tasks
 from .bundle.archive import read_manifest
 from .bundle.manifest import FlashInferModule, Manifest, arch_to_capability
+from .cachedir import STATE_DIR, CacheDir, resolve_cache_dir
 from .errors import (
-    BundleManifestError,
     CompilesDetected,
     FlashInferUnverified,
     KernelcacheError,
@@ -43,7 +43,7 @@ from .errors import (
     UsageError,
 )
 from .exercise import listener
-from .install import STATE_DIR, install, receipts, resolve_cache_dir
+from .install import install
 from .plan import manifest as plan_file
 from .plan.gpus import GpuProfile, visible_gpus
 
@@ -191,13 +191,10 @@ def _verify_plan(plan: plan_file.BuildPlan, bundle: Manifest, root: Path, work: 
 
 
 def _installed_manifest(root: Path) -> Manifest:
-    found = receipts(root)
+    found = CacheDir(root).receipts()
     if not found:
         raise UsageError(f"{root} holds no installed bundle; give a bundle or install one first")
-    try:
-        return Manifest.from_dict(found[0]["manifest"])
-    except BundleManifestError as exc:
-        raise UsageError(f"{root}: the newest install receipt is unreadable ({exc})") from None
+    return found[0].manifest
 
 
 def _plan(bundle: Manifest, manifest, gpus, vocabs, dtypes, max_num_seqs, paths) -> plan_file.BuildPlan:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kernelcache.bundle import archive
 from kernelcache.bundle.manifest import Manifest
-from kernelcache.install import STATE_DIR, pending_journals, receipt_path
+from kernelcache.cachedir import STATE_DIR, CacheDir
 
 
 def expected_bytes(bundle: Path) -> dict[str, bytes]:
@@ -71,11 +71,11 @@ def leftovers(cache: Path) -> dict[str, list[str]]:
     state = cache / STATE_DIR
     return {
         "staging": sorted(p.name for p in (state / "staging").iterdir()) if (state / "staging").is_dir() else [],
-        "journal": [p.name for p in pending_journals(cache)] if state.is_dir() else [],
+        "journal": [p.name for p in CacheDir(cache).pending_journals()] if state.is_dir() else [],
         "temp": sorted(p.name for sub in ("journal", "installed") if (state / sub).is_dir()
                        for p in (state / sub).glob(".*")),
     }
 
 
 def has_receipt(cache: Path, manifest: Manifest) -> bool:
-    return receipt_path(cache, archive.bundle_digest(manifest)).is_file()
+    return CacheDir(cache).receipt_path(archive.bundle_digest(manifest)).is_file()

@@ -19,7 +19,8 @@ from cachecheck import bundle_state, expected_bytes, leftovers
 from conftest import ROOT, clean_env
 
 from kernelcache.bundle import archive
-from kernelcache.install import STATE_DIR, InstallPlan, receipts
+from kernelcache.cachedir import STATE_DIR, CacheDir
+from kernelcache.install import InstallPlan
 
 PROCS = Path(__file__).with_name("procs.py")
 FOREIGN = "F" * 52
@@ -92,7 +93,7 @@ def test_two_different_bundles_at_once_both_complete_neither_clobbers(bundle90, 
         assert bundle_state(cache, manifest, expected_bytes(bundle)) == "all"
         digest = archive.bundle_digest(manifest)
         assert sum(e["digest"] == digest for e in extractions(cache)) == 1
-    assert len(receipts(cache)) == 2
+    assert len(CacheDir(cache).receipts()) == 2
     assert (cache / FOREIGN / "mine.json").read_text() == "keep me"
     assert leftovers(cache) == {"staging": [], "journal": [], "temp": []}
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import kc, run_job, tree
 
 from kernelcache.bundle import archive
-from kernelcache.install import STATE_DIR
+from kernelcache.cachedir import STATE_DIR
 
 
 @pytest.mark.parametrize("capability", [90, 100])

@@ -34,7 +34,8 @@ import pytest
 from cachecheck import bundle_state, expected_bytes, has_receipt, leftovers
 
 from kernelcache.bundle import archive
-from kernelcache.install import InstallPlan, recover
+from kernelcache.cachedir import recover
+from kernelcache.install import InstallPlan
 
 FS_EVENTS = {"open", "os.mkdir", "os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "os.scandir", "os.listdir",
              "fcntl.flock"}

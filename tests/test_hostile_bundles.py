@@ -19,9 +19,9 @@ from conftest import kc, tree
 from hostile import CASES, Base, Case, flips, load_base
 
 from kernelcache.bundle import archive
+from kernelcache.cachedir import STATE_DIR
 from kernelcache.cli import main
 from kernelcache.errors import BundleError
-from kernelcache.install import STATE_DIR
 
 BUNDLE_CODES = {cls.exit_code for cls in BundleError.__subclasses__()}
 FOREIGN = "F" * 52  # an entry Triton wrote before the install; it must survive untouched

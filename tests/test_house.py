@@ -3,6 +3,7 @@ their own, and modules import along the pipeline only."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -24,3 +25,94 @@ def test_comments_cite_nothing_outside_the_repository():
             if "shared/research" in line or "§" in line or re.search(r"\b[\w-]+\.md §", line):
                 found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+# -- the import graph -------------------------------------------------------------------------------
+
+# The pipeline, in the order a module may import: each layer imports only layers before it (and itself).
+LAYERS = (
+    ("plan", ("kernelcache.plan",)),
+    ("exercise", ("kernelcache.exercise",)),
+    ("harvest", ("kernelcache.harvest",)),
+    ("bundle", ("kernelcache.bundle",)),
+    ("build", ("kernelcache.build", "kernelcache.capture")),  # the build side's verbs: they only wire the above
+    ("cachedir", ("kernelcache.cachedir",)),
+    ("install", ("kernelcache.install",)),
+    ("remote", ("kernelcache.remote",)),
+    ("runtime", ("kernelcache.runtime",)),
+    ("verify", ("kernelcache.verify",)),
+    ("cli", ("kernelcache.cli", "kernelcache.__main__")),
+)
+# Shared by every layer: the errors, the package (its __version__), and the bundle format's vocabulary --
+# the manifest records harvest produces and install reads, and the environment fingerprint an exercise
+# process reports and install compares.
+BASE = ("kernelcache", "kernelcache.errors", "kernelcache.bundle.manifest", "kernelcache.bundle.fingerprint")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in (ROOT / "kernelcache").rglob("*.py") if "site" not in p.parts}
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every kernelcache module ``name`` imports, at the top or inside a function."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join([*base, node.module] if node.module else base)
+            found |= {f"{target}.{a.name}" if f"{target}.{a.name}" in known else target for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return {m for m in found if m.startswith("kernelcache") and m != name}
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports(name, path, set(found)) for name, path in found.items()}
+
+
+def layer(name: str) -> int | None:
+    if name in BASE:
+        return None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(name == p or name.startswith(p + ".") for p in prefixes):
+            return index
+    raise AssertionError(f"{name} belongs to no layer of tests/test_house.py")
+
+
+def test_nothing_is_imported_upward():
+    upward = []
+    for name, targets in sorted(graph().items()):
+        mine = layer(name)
+        for target in sorted(targets):
+            theirs = layer(target)
+            if mine is not None and theirs is not None and theirs > mine:
+                upward.append(f"{name} ({LAYERS[mine][0]}) imports {target} ({LAYERS[theirs][0]})")
+            if mine is None and theirs is not None:
+                upward.append(f"{name} (shared) imports {target} ({LAYERS[theirs][0]})")
+    assert not upward, "\n".join(upward)
+
+
+def test_there_is_no_import_circle():
+    edges = graph()
+    seen: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, path: list[str]) -> None:
+        seen[name] = 1
+        for target in sorted(edges.get(name, ())):
+            if seen.get(target) == 1:
+                circle = path[path.index(target):] + [target] if target in path else [name, target]
+                raise AssertionError("import circle: " + " -> ".join(circle))
+            if target not in seen:
+                visit(target, [*path, target])
+        seen[name] = 2
+
+    for name in sorted(edges):
+        if name not in seen:
+            visit(name, [name])

@@ -18,9 +18,9 @@ import pytest
 from conftest import ROOT, TESTKERNELS, clean_env, kc, run_job, tree
 from mounts import read_only
 
+from kernelcache.cachedir import STATE_DIR
 from kernelcache.errors import BaseUnusable, StorageError, UsageError
 from kernelcache.exercise.worker import Job, Task
-from kernelcache.install import STATE_DIR
 from kernelcache.plan import misses
 from kernelcache.runtime.overlay import MANAGER, SITE_DIR, overlay_environment
 

@@ -23,9 +23,10 @@ from conftest import ROOT, clean_env, kc, tree
 from mounts import read_only, resize, tmpfs, without_dac
 
 from kernelcache.bundle import archive
+from kernelcache.cachedir import STATE_DIR
 from kernelcache.cli import main
 from kernelcache.errors import StorageError
-from kernelcache.install import STATE_DIR, entry_dirs
+from kernelcache.install import entry_dirs
 
 FOREIGN = "F" * 52
 CLEAN = {"staging": [], "journal": [], "temp": []}

@@ -36,7 +36,8 @@ from ..harvest import Member
 
 MODULE = "sampling"
 # The CUDA 13.0 wheels that build sampling: nvcc with its crt and nvvm parts, the runtime, curand's
-# headers; nvcc, crt and runtime must share one CUDA version. cuobjdump is only on PyPI from 13.2; it reads 13.0 fatbins.
+# headers; nvcc, crt and runtime must share one CUDA version. cuobjdump is only on PyPI from 13.2;
+# it reads 13.0 fatbins.
 CUDA_VERSION = "13.0.88"
 CUDA_WHEELS = (
     "nvidia-cuda-nvcc==13.0.88",

@@ -15,8 +15,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..cachedir import recover, resolve_cache_dir
 from ..errors import AlreadyActivated, UsageError
-from ..install import InstallResult, install, recover, resolve_cache_dir
+from ..install import InstallResult, install
 from . import flashinfer
 
 

@@ -15,9 +15,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bundle.manifest import Manifest
-from ..errors import BaseUnusable, BundleManifestError, StorageError, UsageError
-from ..install import STATE_DIR, installed_complete, pending_journals, read_receipts, resolve_cache_dir
+from ..cachedir import STATE_DIR, CacheDir, resolve_cache_dir
+from ..errors import BaseUnusable, StorageError, UsageError
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
 MANAGER = "kernelcache_overlay:OverlayCacheManager"
@@ -69,24 +68,19 @@ def check_base(root: Path) -> int:
     """Refuse a base that would miss: absent, half-installed, or missing files its receipts list."""
     if not root.is_dir():
         raise BaseUnusable(f"read-only base {root} is not a directory")
-    if pending_journals(root):
+    cache = CacheDir(root)
+    if cache.pending_journals():
         raise BaseUnusable(f"read-only base {root} holds an unfinished install; run `kernelcache install` "
                            "into it while it is still writable")
-    complete = 0
-    found, bad = read_receipts(root)
-    if bad:
-        raise BaseUnusable(f"read-only base {root}: install receipt {bad[0].name} is unreadable; reinstall into it "
-                           "while it is still writable")
-    for receipt in found:
-        try:
-            manifest = Manifest.from_dict(receipt["manifest"])
-        except BundleManifestError as exc:
-            raise BaseUnusable(f"read-only base {root}: the receipt of {receipt['digest'][:16]} is unreadable "
-                               f"({exc})") from None
-        if not installed_complete(root, receipt["digest"], manifest):
-            raise BaseUnusable(f"read-only base {root} lacks files of bundle {receipt['digest'][:16]}")
-        complete += 1
-    return complete
+    scan = cache.scan()
+    if scan.bad:  # it cannot be replaced here: the base is read-only
+        path, why = scan.bad[0]
+        raise BaseUnusable(f"read-only base {root}: install receipt {path.name} is unreadable ({why}); reinstall "
+                           "into it while it is still writable")
+    for receipt in scan.receipts:
+        if not cache.installed_complete(receipt.digest, receipt.manifest):
+            raise BaseUnusable(f"read-only base {root} lacks files of bundle {receipt.digest[:16]}")
+    return len(scan.receipts)
 
 
 def _writable(path: Path) -> None:

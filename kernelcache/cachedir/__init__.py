@@ -1,0 +1,43 @@
+"""One cache directory and the state kernelcache keeps in it: nothing else knows this layout.
+
+A cache dir is a Triton cache (one directory per cache key, as Triton lays it out) plus kernelcache's
+own state under ``<cache>/.kernelcache/``:
+
+* ``lock``: the file lock every writer of the state holds (install, roll-forward, sweep);
+* ``installed/<digest>.json``: one ``Receipt`` per installed bundle, written last, so it exists
+  only once every entry of the bundle is in place;
+* ``journal/<digest>.json``: the entries an install is publishing and the receipt it will write;
+  a journal left behind by a killed install is rolled forward (``recover``) by the next command;
+* ``staging/``: bundles being extracted on the same filesystem, so publishing is a rename;
+* ``flashinfer/site-<digest>/``: FlashInfer's provider registration for the installed modules
+  (``flashinfer_site.py``);
+* ``log.jsonl``: one line per finished install.
+
+``state.py`` owns the paths, the lock and the receipts (parsed in one place: a receipt that is not
+JSON, lacks its digest, or whose manifest does not parse is *bad*; lookups ignore it and an install
+replaces it, a read-only base refuses it). ``publish.py`` owns journals, publishing and recovery.
+"""
+
+from .publish import (
+    Journal,
+    atomic_write,
+    complete_entry,
+    publish_entries,
+    recover,
+    sweep,
+    write_receipt,
+)
+from .state import (
+    STATE_DIR,
+    CacheDir,
+    Receipt,
+    ReceiptScan,
+    default_cache_dir,
+    lock_timeout,
+    resolve_cache_dir,
+)
+
+__all__ = [
+    "STATE_DIR", "CacheDir", "Journal", "Receipt", "ReceiptScan", "atomic_write", "complete_entry",
+    "default_cache_dir", "lock_timeout", "publish_entries", "recover", "resolve_cache_dir", "sweep", "write_receipt",
+]

@@ -1,0 +1,178 @@
+"""Where a cache dir is, its lock, and its install receipts (one frozen ``Receipt``, parsed here only)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from ..bundle.manifest import Manifest
+from ..errors import BundleManifestError, StorageError, UsageError
+
+STATE_DIR = ".kernelcache"
+_STATE_SUBDIRS = ("staging", "installed", "journal")
+
+
+def lock_timeout() -> float:
+    """Seconds a writer waits for another one's lock: KERNELCACHE_LOCK_TIMEOUT, default 600."""
+    text = os.environ.get("KERNELCACHE_LOCK_TIMEOUT", "600")
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise UsageError(f"KERNELCACHE_LOCK_TIMEOUT must be a number of seconds, got {text!r}")
+    return value
+
+
+def default_cache_dir() -> Path:
+    """Where Triton looks: KERNELCACHE_HOME, else TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache."""
+    for var in ("KERNELCACHE_HOME", "TRITON_CACHE_DIR"):
+        if os.environ.get(var):
+            return Path(os.environ[var])
+    return Path(os.environ.get("TRITON_HOME") or Path.home()) / ".triton" / "cache"
+
+
+def resolve_cache_dir(cache_dir: str | os.PathLike | None) -> Path:
+    """The absolute cache dir (the default when None); a path that is a file is a usage error."""
+    path = Path(os.path.abspath(cache_dir if cache_dir is not None else default_cache_dir()))
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"cache dir {path} is a file, not a directory")
+    return path
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What ``installed/<digest>.json`` says: bundle ``digest`` is installed here, every entry in place.
+
+    ``manifest`` is the bundle's manifest, so an installed bundle can be checked (fingerprint, files,
+    FlashInfer modules) without the bundle file. ``entries``: the directories it published, relative to
+    the cache dir. ``bundle``, ``cache_dir``, ``installed_at`` and ``pid`` are for people reading it.
+    """
+
+    digest: str
+    manifest: Manifest
+    entries: tuple[str, ...] = ()
+    bundle: str = ""
+    cache_dir: str = ""
+    installed_at: float = 0.0
+    pid: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"digest": self.digest, "bundle": self.bundle, "cache_dir": self.cache_dir,
+                "installed_at": self.installed_at, "pid": self.pid, "entries": list(self.entries),
+                "manifest": self.manifest.to_dict()}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Receipt:
+        """The receipt ``data`` describes; ``ValueError`` (the one test of a bad receipt) when it does not."""
+        if not isinstance(data, dict) or not isinstance(data.get("digest"), str) \
+                or not isinstance(data.get("manifest"), dict):
+            raise ValueError("not a receipt: needs a digest and a manifest")
+        try:
+            manifest = Manifest.from_dict(data["manifest"])
+        except BundleManifestError as exc:
+            raise ValueError(f"its manifest is unreadable ({exc})") from None
+        entries = data.get("entries", [])
+        when = data.get("installed_at")
+        pid = data.get("pid")
+        return cls(data["digest"], manifest,
+                   tuple(e for e in entries if isinstance(e, str)) if isinstance(entries, list) else (),
+                   str(data.get("bundle", "")), str(data.get("cache_dir", "")),
+                   float(when) if isinstance(when, int | float) and not isinstance(when, bool) else 0.0,
+                   pid if isinstance(pid, int) and not isinstance(pid, bool) else 0)
+
+
+@dataclass(frozen=True)
+class ReceiptScan:
+    """Every receipt of a cache dir: the good ones newest first, and the paths of bad ones with why."""
+
+    receipts: tuple[Receipt, ...] = ()
+    bad: tuple[tuple[Path, str], ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class CacheDir:
+    """A cache directory (``root``, absolute) and kernelcache's state in it."""
+
+    root: Path
+
+    @classmethod
+    def at(cls, cache_dir: str | os.PathLike | None) -> CacheDir:
+        return cls(resolve_cache_dir(cache_dir))
+
+    @property
+    def state(self) -> Path:
+        return self.root / STATE_DIR
+
+    def ensure_state(self) -> Path:
+        """Create the state dirs (a ``StorageError`` when the cache dir cannot be written)."""
+        try:
+            for sub in ("", *_STATE_SUBDIRS):
+                (self.state / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot write to {self.root}: {exc.strerror or exc}") from None
+        return self.state
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the state lock; ``StorageError`` after KERNELCACHE_LOCK_TIMEOUT seconds of waiting."""
+        lock = FileLock(str(self.state / "lock"), timeout=lock_timeout())
+        try:
+            lock.acquire()
+        except Timeout:
+            raise StorageError(f"timed out after {lock_timeout():.0f}s waiting for the lock on {self.root}") from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    # -- receipts ---------------------------------------------------------------------------------
+
+    def receipt_path(self, digest: str) -> Path:
+        return self.state / "installed" / f"{digest}.json"
+
+    def scan(self) -> ReceiptScan:
+        good, bad = [], []
+        for path in sorted((self.state / "installed").glob("*.json")):
+            try:
+                good.append(Receipt.from_dict(json.loads(path.read_text())))
+            except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
+                bad.append((path, str(exc)))
+        good.sort(key=lambda r: r.installed_at, reverse=True)
+        return ReceiptScan(tuple(good), tuple(bad))
+
+    def receipts(self) -> tuple[Receipt, ...]:
+        """Every bundle installed here, newest first (bad receipts left out)."""
+        return self.scan().receipts
+
+    def receipt(self, digest: str) -> Receipt | None:
+        return next((r for r in self.receipts() if r.digest == digest), None)
+
+    def installed_complete(self, digest: str, manifest: Manifest) -> bool:
+        """The receipt is there and so is every file the bundle holds."""
+        if not self.receipt_path(digest).is_file():
+            return False
+        return all(os.path.exists(self.root / f.path) for f in manifest.files())
+
+    # -- journals and the log ----------------------------------------------------------------------
+
+    def journal_path(self, digest: str) -> Path:
+        return self.state / "journal" / f"{digest}.json"
+
+    def pending_journals(self) -> list[Path]:
+        """Journals of installs a killed process left half-published (``recover`` finishes them)."""
+        return sorted((self.state / "journal").glob("*.json"))
+
+    def log(self, record: dict) -> None:
+        with open(self.state / "log.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
