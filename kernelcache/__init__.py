@@ -23,7 +23,7 @@ _API = {
     "activate": "kernelcache.runtime.env:activate",
     "run": "kernelcache.runtime.env:run",
     "build": "kernelcache.build:build",
-    "capture": "kernelcache.exercise.capture:capture",
+    "capture": "kernelcache.capture:capture",
     "verify": "kernelcache.verify:verify",
     "diff": "kernelcache.bundle.compare:diff",
     "merge": "kernelcache.bundle.compare:merge",

@@ -34,10 +34,11 @@ from .bundle.make import PackResult, make_bundle
 from .bundle.manifest import Build, Environment, Target, capability_to_arch, flag_capability
 from .errors import BuildFailed, PathUnavailable, UsageError
 from .exercise import listener
-from .exercise.worker import Job, Task
+from .exercise.worker import Job
 from .harvest import harvest
 from .plan import manifest as plan_file
 from .plan.gpus import PROFILES, GpuProfile, VisibleGpu, profile_for, visible_gpus
+from .plan.tasks import Task
 
 SAMPLER = "kernelcache.exercise.vllm_sampler"
 REQUIRED_MODULES = {

@@ -367,7 +367,7 @@ def gpus() -> None:
 def capture(output: str, keep_ir: bool, arch: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND with a fresh Triton cache and pack what it compiled: kernelcache capture -o b.tar.zst -- CMD"""
     from .bundle.inspect import human_size
-    from .exercise.capture import capture as do_capture
+    from .capture import capture as do_capture
 
     _terminate_cleanly()
     result = do_capture(list(command), output, keep_ir=keep_ir, arch=arch)

@@ -18,25 +18,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .bundle.manifest import Kernel, Module
+from .bundle.manifest import Kernel, Member, Module
 from .exercise import listener
 
 KEY_PATTERN = re.compile(r"[A-Z2-7]{52}")
 BINARY_SUFFIXES = (".cubin", ".hsaco")
 _ARG = re.compile(r"%([A-Za-z_][\w]*): (!tt\.ptr<([\w]+)>|[a-z]+\d*)")
 _TYPES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "f64": "fp64", "i1": "i1"}
-
-
-@dataclass(frozen=True)
-class Member:
-    """One future bundle member: its path in the bundle and where its bytes come from."""
-
-    path: str
-    source: Path | None = None
-    data: bytes | None = None
-
-    def read(self) -> bytes:
-        return self.data if self.data is not None else self.source.read_bytes()
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from helpers.ci import pytest_make_collect_report, pytest_runtest_makereport, pytest_terminal_summary  # noqa: F401
 
-from kernelcache.exercise.worker import Job, Task
+from kernelcache.exercise.worker import Job
+from kernelcache.plan.tasks import Task
 
 ROOT = Path(__file__).resolve().parents[1]
 

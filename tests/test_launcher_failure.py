@@ -17,7 +17,8 @@ from conftest import TESTKERNELS, clean_env
 
 import kernelcache
 from kernelcache.errors import BuildFailed
-from kernelcache.exercise.worker import Job, Task
+from kernelcache.exercise.worker import Job
+from kernelcache.plan.tasks import Task
 
 pytest.importorskip("triton")
 

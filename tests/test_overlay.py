@@ -20,8 +20,9 @@ from mounts import read_only
 
 from kernelcache.cachedir import STATE_DIR
 from kernelcache.errors import BaseUnusable, StorageError, UsageError
-from kernelcache.exercise.worker import Job, Task
+from kernelcache.exercise.worker import Job
 from kernelcache.plan import misses
+from kernelcache.plan.tasks import Task
 from kernelcache.runtime.overlay import MANAGER, SITE_DIR, overlay_environment
 
 VARIANTS = Task("kernelcache.exercise.testkernels:run_variants", label="variants")

@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from ..errors import BundleManifestError, UsageError
@@ -20,6 +21,18 @@ from ..errors import BundleManifestError, UsageError
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Member:
+    """One future bundle member: its path in the bundle and where its bytes come from."""
+
+    path: str
+    source: Path | None = None
+    data: bytes | None = None
+
+    def read(self) -> bytes:
+        return self.data if self.data is not None else self.source.read_bytes()
 
 
 @dataclass(frozen=True)

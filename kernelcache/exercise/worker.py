@@ -17,14 +17,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 
-
-@dataclass(frozen=True)
-class Task:
-    """``module:function`` plus keyword arguments; the function returns a JSON-able summary."""
-
-    call: str
-    kwargs: dict = field(default_factory=dict)
-    label: str = ""
+from ..plan.tasks import Task
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 
 from ..errors import UsageError
-from ..exercise.worker import Task
+from .tasks import Task
 
 REPLAY = "kernelcache.exercise.replay:run"
 

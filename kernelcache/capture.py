@@ -15,10 +15,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..bundle.make import PackResult, pack
-from ..errors import BuildFailed, UsageError
+from .bundle.make import PackResult, pack
+from .errors import BuildFailed, UsageError
 
-SITE_DIR = Path(__file__).resolve().parents[1] / "runtime" / "site"
+SITE_DIR = Path(__file__).resolve().parent / "runtime" / "site"  # data: the process hook, not imported
 
 
 def hooked_env(cache_dir: Path, compile_log: Path, base: dict | None = None) -> dict[str, str]:
