@@ -10,17 +10,41 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from . import __version__
 from .errors import FingerprintMismatch, KernelcacheError, StorageError, UsageError
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+class LazyConsole:
+    """rich's ``Console``, made on first use: importing rich takes 20-30 ms that ``env``, ``run`` and a
+    no-op ``install`` (on every pod start) never need."""
+
+    def __init__(self, stderr: bool = False):
+        self._stderr = stderr
+        self._console: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.console(), name)
+
+    def console(self) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=self._stderr, highlight=False, soft_wrap=True)
+        return self._console
+
+
+out = LazyConsole()
+err = LazyConsole(stderr=True)
+
+
+def _table(**options: Any):
+    from rich.table import Table
+
+    return Table(**options)
 
 
 class Group(click.Group):
@@ -57,7 +81,9 @@ def _fail(exc: KernelcacheError) -> None:
 
 
 def _differences_table(rows: list[tuple[str, str, str]]) -> None:
-    table = Table(title="fingerprint differences", title_justify="left")
+    from rich.text import Text
+
+    table = _table(title="fingerprint differences", title_justify="left")
     for column in ("field", "bundle", "here"):
         table.add_column(column, overflow="fold")
     for row in rows:
@@ -180,7 +206,7 @@ def inspect(bundle: str, as_json: bool) -> None:
     out.print(f"python {env.python} {env.platform}; triton {env.triton} (key {str(env.triton_key_sha256)[:12]}); "
               f"torch {env.torch}; vllm {env.vllm}; flashinfer {env.flashinfer}; "
               f"key env vars: {env.env_vars or 'none'}")
-    table = Table(title_justify="left")
+    table = _table(title_justify="left")
     for column, justify in (("kernel", "left"), ("variants", "right"), ("num_warps", "right"), ("size", "right")):
         table.add_column(column, justify=justify)
     for k in info.kernels:
@@ -296,7 +322,7 @@ def build(arch, manifest_file, gpus, vocabs, dtypes, max_num_seqs, paths, mode, 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     _terminate_cleanly()
     # A bar only on a terminal: piped stderr (CI logs) keeps its one-line errors.
-    with Progress(*columns, console=err, transient=True, disable=as_json or not err.is_terminal) as bar:
+    with Progress(*columns, console=err.console(), transient=True, disable=as_json or not err.is_terminal) as bar:
         tasks: dict[str, int] = {}
 
         def progress(label: str, done: int, total: int) -> None:
@@ -331,7 +357,7 @@ def _build_summary(target) -> None:
     from .bundle.inspect import human_size
 
     t = target.target
-    table = Table(title=f"{t.arch}, {t.sm_count} SMs ({t.mode})", title_justify="left")
+    table = _table(title=f"{t.arch}, {t.sm_count} SMs ({t.mode})", title_justify="left")
     for column in ("kernel", "variants", "by path"):
         table.add_column(column)
     for name, cov in target.coverage.items():
@@ -351,7 +377,7 @@ def gpus() -> None:
     """List the GPU profiles (arch, SM count) builds can target."""
     from .plan.gpus import PROFILES
 
-    table = Table()
+    table = _table()
     for column in ("profile", "arch", "SMs", "product"):
         table.add_column(column)
     for p in PROFILES.values():
@@ -409,7 +435,7 @@ def verify(bundle, cache_dir, manifest_file, gpus, vocabs, dtypes, max_num_seqs,
 
 def _verify_summary(report) -> None:
     if report.kernels:
-        table = Table(title=f"verify {report.cache_dir} ({report.arch}, {report.mode})", title_justify="left")
+        table = _table(title=f"verify {report.cache_dir} ({report.arch}, {report.mode})", title_justify="left")
         for column in ("kernel", "calls", "hits", "compiles"):
             table.add_column(column, justify="right" if column != "kernel" else "left")
         for k in report.kernels:
@@ -507,7 +533,7 @@ def _render_diff(result) -> None:
     out.print("fingerprint: " + ("same" if result.same_fingerprint else "[bold red]DIFFERENT[/bold red] "
                                  "(the bundles' kernels cannot hit in one environment)"))
     if result.target or result.environment:
-        table = Table(title="fields", title_justify="left")
+        table = _table(title="fields", title_justify="left")
         for column in ("field", "A", "B"):
             table.add_column(column, overflow="fold")
         for change in (*result.target, *result.environment):
@@ -518,7 +544,7 @@ def _render_diff(result) -> None:
     out.print(f"kernel variants: {counts}; kernels only in B: {', '.join(result.kernels_added) or 'none'}; "
               f"only in A: {', '.join(result.kernels_removed) or 'none'}", markup=False)
     if result.entries:
-        table = Table(title="entries", title_justify="left")
+        table = _table(title="entries", title_justify="left")
         for column in ("", "kind", "name", "key", "variant"):
             table.add_column(column, overflow="fold")
         marks = {"added": "+", "removed": "-", "changed": "~"}

@@ -1,8 +1,12 @@
 """Install a bundle into a Triton cache directory: plan first, then execute atomically.
 
 ``plan_install`` only reads: the manifest, this environment's fingerprint, the visible GPUs and
-what the cache already holds. It returns an ``InstallPlan`` that says what would happen and why a
-bundle would be refused. ``InstallPlan.execute`` then, under a per-cache-dir file lock:
+what the cache already holds. The fingerprint comes from the record the cache dir keeps of it
+(cachedir/fingerprints.py) when the ``EnvironmentKey`` it was computed under still holds; only
+otherwise is Triton imported and libtriton hashed, and the new record is kept once the bundle is
+accepted. A bundle already installed is thus checked without importing Triton or torch. It returns
+an ``InstallPlan`` that says what would happen and why a bundle would be refused.
+``InstallPlan.execute`` then, under a per-cache-dir file lock:
 
 1. rolls forward an install a killed process left half-published, and removes stale staging dirs
    and temporary files;
@@ -32,14 +36,16 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .bundle import archive
+from .bundle.envkey import KnownEnvironment, environment_key
 from .bundle.fingerprint import Difference, compare, compare_gpu, local_environment
-from .bundle.manifest import Kernel, Manifest
+from .bundle.manifest import Environment, Kernel, Manifest
 from .cachedir import CacheDir, Journal, Receipt, atomic_write, publish_entries, recover, resolve_cache_dir
+from .cachedir.fingerprints import load_fingerprint, save_fingerprint
 from .cachedir.flashinfer_site import write_site
 from .errors import (
     ArchMismatch,
@@ -49,7 +55,7 @@ from .errors import (
     StorageError,
 )
 from .harvest import KEY_PATTERN
-from .plan.gpus import visible_gpus
+from .plan.gpus import GpuProbe
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ class InstallPlan:
     differences: tuple[Difference, ...] = ()
     force: bool = False
     limits: archive.Limits = field(default_factory=archive.Limits.from_env)
+    fingerprint: KnownEnvironment | None = None  # computed for this plan: kept once the bundle is accepted
 
     @property
     def blocking(self) -> tuple[Difference, ...]:
@@ -101,10 +108,12 @@ class InstallPlan:
     def execute(self) -> InstallResult:
         warnings = tuple(self.check())
         started = time.perf_counter()
-        if self.already_installed:
-            return InstallResult(self.cache_dir, self.digest, "already-installed", seconds=0.0, warnings=warnings)
         cache = CacheDir(self.cache_dir)
+        if self.already_installed:
+            self._keep_fingerprint(cache)
+            return InstallResult(self.cache_dir, self.digest, "already-installed", seconds=0.0, warnings=warnings)
         cache.ensure_state()
+        self._keep_fingerprint(cache)
         try:
             with cache.locked():
                 recover(cache, locked=True)
@@ -119,30 +128,57 @@ class InstallPlan:
         return InstallResult(self.cache_dir, self.digest, "installed", written, present,
                              time.perf_counter() - started, warnings)
 
+    def _keep_fingerprint(self, cache: CacheDir) -> None:
+        if self.fingerprint is not None:
+            save_fingerprint(cache, self.fingerprint)
+
 
 def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,
                  check_gpu: bool = True, limits: archive.Limits | None = None) -> InstallPlan:
     path = Path(bundle)
     lim = limits or archive.Limits.from_env()
-    manifest = archive.read_manifest(path, lim)
-    return plan_install_manifest(path, manifest, resolve_cache_dir(cache_dir), force, check_gpu, lim)
+    probe = GpuProbe.start() if check_gpu else None  # its child starts while the manifest is read
+    try:
+        manifest = archive.read_manifest(path, lim)
+        return plan_install_manifest(path, manifest, resolve_cache_dir(cache_dir), force, check_gpu, lim, probe)
+    finally:
+        if probe is not None:
+            probe.close()
 
 
 def plan_install_manifest(path: Path, manifest: Manifest, cache_dir: Path, force: bool = False,
-                          check_gpu: bool = True, limits: archive.Limits | None = None) -> InstallPlan:
+                          check_gpu: bool = True, limits: archive.Limits | None = None,
+                          probe: GpuProbe | None = None) -> InstallPlan:
     """The plan for a bundle whose manifest is already read (from the file, or from a receipt)."""
     lim = limits or archive.Limits.from_env()
     check_entries(manifest)
+    fresh = None
     try:
-        here = local_environment(manifest.environment.ptxas or [manifest.target.arch])
+        here, fresh = environment_here(manifest.environment.ptxas or [manifest.target.arch], CacheDir(cache_dir))
     except KernelcacheError:
         if not force:
             raise
         here = None
     differences = compare(manifest, here) if here is not None else []
     if check_gpu:
-        differences += compare_gpu(manifest.target, visible_gpus())
-    return InstallPlan(path, manifest, archive.bundle_digest(manifest), cache_dir, tuple(differences), force, lim)
+        differences += compare_gpu(manifest.target, (probe or GpuProbe.start()).result())
+    return InstallPlan(path, manifest, archive.bundle_digest(manifest), cache_dir, tuple(differences), force, lim,
+                       fresh)
+
+
+def environment_here(archs: Iterable[str], cache: CacheDir) -> tuple[Environment, KnownEnvironment | None]:
+    """This environment's fingerprint, and the record to keep when it had to be computed.
+
+    The cache dir's record is used when it was computed under the key that holds now (it names every
+    file, binary and variable the fingerprint reads) and covers ``archs``; otherwise Triton computes it.
+    A key that changed while it was computed (a pip running beside us) yields no record to keep."""
+    wanted = set(archs)
+    key = environment_key()
+    known = load_fingerprint(cache, key)
+    if known is not None and known.covers(key, wanted):
+        return known.environment, None
+    environment = local_environment(sorted(wanted | set(known.environment.ptxas if known else ())))
+    return environment, KnownEnvironment(key, environment) if environment_key() == key else None
 
 
 def install_if_present(digest: str, cache_dir: str | os.PathLike | None = None, force: bool = False,

@@ -11,7 +11,6 @@ sources come from vLLM, so its version is pinned too. torch is recorded but is n
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import os
 import platform
 import sys
@@ -19,15 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..errors import MissingDependency
+from .envkey import OPTION_ENV_VARS
 from .manifest import Environment, Manifest, Target, arch_to_capability
-
-# Read by Triton into CUDAOptions (and so into the key) though not in its invalidating list.
-OPTION_ENV_VARS = (
-    "PTXAS_OPTIONS",
-    "TRITON_DEBUG",
-    "TRITON_INSTRUMENTATION_MODE",
-    "TRITON_LIBDEVICE_PATH",
-)
 
 
 def python_tag() -> str:
@@ -39,6 +31,8 @@ def platform_tag() -> str:
 
 
 def package_version(name: str) -> str | None:
+    import importlib.metadata  # 10-20 ms of imports: only where a version is asked for
+
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
@@ -110,7 +104,8 @@ def compare(manifest: Manifest, local: Environment) -> list[Difference]:
         check("env_vars", b.env_vars, here.env_vars, why="cache-invalidating variables set here differ")
         if b.vllm and here.vllm:
             check("vllm", b.vllm, here.vllm, why="kernel sources differ between vLLM releases")
-    diffs += compare_flashinfer(manifest, here.flashinfer, here.torch, package_version("apache-tvm-ffi"))
+    if manifest.flashinfer:
+        diffs += compare_flashinfer(manifest, here.flashinfer, here.torch, package_version("apache-tvm-ffi"))
     check("torch", b.torch, here.torch, blocking=False, why="not part of any Triton cache key")
     return diffs
 

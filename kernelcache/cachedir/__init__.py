@@ -11,6 +11,8 @@ own state under ``<cache>/.kernelcache/``:
 * ``staging/``: bundles being extracted on the same filesystem, so publishing is a rename;
 * ``flashinfer/site-<digest>/``: FlashInfer's provider registration for the installed modules
   (``flashinfer_site.py``);
+* ``fingerprints/<key digest>.json``: environment fingerprints computed here before, each with the
+  key it holds for (``fingerprints.py``), so an installed bundle is checked without importing Triton;
 * ``log.jsonl``: one line per finished install.
 
 ``state.py`` owns the paths, the lock and the receipts (parsed in one place: a receipt that is not

@@ -153,6 +153,6 @@ def sweep(cache: CacheDir) -> None:
     staging = cache.state / "staging"
     for stale in sorted(staging.iterdir()) if staging.is_dir() else ():
         shutil.rmtree(stale, ignore_errors=True)
-    for sub in ("journal", "installed"):
+    for sub in ("journal", "installed", "fingerprints"):
         for temp in (cache.state / sub).glob(".*"):
             temp.unlink(missing_ok=True)

@@ -95,14 +95,47 @@ print(json.dumps(out))
 
 def visible_gpus() -> list[VisibleGpu]:
     """The GPUs CUDA would show a new process here (honours CUDA_VISIBLE_DEVICES)."""
-    if os.environ.get("KERNELCACHE_NO_GPU_PROBE"):
-        return []
-    try:
-        done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60)
-        rows = json.loads(done.stdout or "[]")
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return []
-    return [VisibleGpu(**row) for row in rows]
+    return GpuProbe.start().result()
+
+
+class GpuProbe:
+    """``visible_gpus()`` in two halves: start the child process now, read its answer later, so the
+    caller's own work (reading a bundle) overlaps the child's start. ``-I -S``: the probe needs only
+    the standard library, so it skips site-packages and their .pth files."""
+
+    def __init__(self, child: subprocess.Popen | None):
+        self.child = child
+
+    @classmethod
+    def start(cls) -> GpuProbe:
+        if os.environ.get("KERNELCACHE_NO_GPU_PROBE"):
+            return cls(None)
+        try:
+            child = subprocess.Popen([sys.executable, "-I", "-S", "-c", _PROBE], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            return cls(None)
+        return cls(child)
+
+    def result(self) -> list[VisibleGpu]:
+        if self.child is None:
+            return []
+        try:
+            stdout, _ = self.child.communicate(timeout=60)
+            rows = json.loads(stdout or "[]")
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            self.child.kill()
+            self.child.wait()
+            return []
+        return [VisibleGpu(**row) for row in rows]
+
+    def close(self) -> None:
+        """Stop a probe whose answer is no longer wanted (the caller failed first)."""
+        if self.child is not None and self.child.poll() is None:
+            self.child.kill()
+            self.child.wait()
+        if self.child is not None and self.child.stdout:
+            self.child.stdout.close()
 
 
 def profile_for(gpu: VisibleGpu) -> GpuProfile | None:

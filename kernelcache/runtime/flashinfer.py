@@ -40,9 +40,11 @@ def environment(cache_dir: Path, base: dict[str, str] | None = None) -> dict[str
     ``base`` is the environment they are added to (default: this process's).
     """
     base = dict(os.environ if base is None else base)
-    version = package_version("flashinfer-python")
     root = Path(cache_dir)
-    if version is None or not installed_modules(root):
+    if not installed_modules(root):
+        return {}
+    version = package_version("flashinfer-python")
+    if version is None:
         return {}
     found, other = providers(root, version)
     if not found:

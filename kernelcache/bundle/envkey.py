@@ -1,0 +1,191 @@
+"""What the environment fingerprint depends on, read without importing Triton or torch.
+
+Computing the fingerprint (``fingerprint.local_environment``) imports Triton, hashes its 400 MB
+``libtriton.so`` for ``triton_key()``, runs ``ptxas --version`` and asks libtriton for the
+cache-invalidating variables: 0.5-1.5 s. An ``EnvironmentKey`` names everything that computation
+reads, by path and ``stat``, so a fingerprint computed once stays valid exactly while the key is equal:
+
+* the interpreter: ``sys.executable``, its full version and extension suffix (which pick libtriton.so);
+* every file ``triton_key()`` reads (triton/runtime/cache.py): ``runtime/cache.py``, the ``.py`` files
+  under ``compiler/``, ``backends/`` and ``language/``, and the shared libraries in ``_C/``;
+* the ptxas binaries Triton runs for ``ptxas --version`` (``backends/nvidia/bin/`` and any
+  ``TRITON_PTXAS*_PATH``), which go into ``backend.hash()``;
+* every variable Triton could read into a key, with its value: all names with a prefix Triton's
+  cache-invalidating list uses (``TRITON_``, ``MLIR_``, ``LLVM_``, ...) and the option variables;
+* the distributions the fingerprint names (triton, torch, vllm, flashinfer-python, apache-tvm-ffi):
+  the metadata directory found first on ``sys.path`` and the stat of its ``METADATA``.
+
+A file is known by (size, mtime_ns, ctime_ns): a reinstall writes new files, and a copy that keeps
+the mtime (``cp -p``, an image layer) still gets a new ctime, which cannot be set back. Only
+Triton >= 3.4 is covered (ptxas from ``backends/nvidia/bin`` or ``TRITON_PTXAS*_PATH``, never PATH).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import re
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..errors import BundleManifestError
+from .manifest import Environment, _build
+
+# The cache-invalidating variables of Triton 3.4-3.6 all start with one of these (a test checks the list
+# libtriton.so holds); OPTION_ENV_VARS are read into CUDAOptions.
+KEY_ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "NVPTX_", "DISABLE_", "ENABLE_", "USE_", "ALLOW_")
+OPTION_ENV_VARS = ("PTXAS_OPTIONS", "TRITON_DEBUG", "TRITON_INSTRUMENTATION_MODE", "TRITON_LIBDEVICE_PATH")
+# Where caches live, not what they hold: `kernelcache env` sets TRITON_CACHE_DIR, and neither is in a key.
+NOT_IN_KEYS = ("TRITON_CACHE_DIR", "TRITON_HOME")
+DISTRIBUTIONS = ("triton", "torch", "vllm", "flashinfer-python", "apache-tvm-ffi")
+_TRITON_SOURCES = ("compiler", "backends", "language")
+
+Stat = tuple[int, int, int]  # size, mtime_ns, ctime_ns
+
+
+@dataclass(frozen=True)
+class EnvironmentKey:
+    """What a fingerprint was computed from; equal keys mean the same fingerprint."""
+
+    interpreter: str  # "<sys.executable> <sys.version> <extension suffix>"
+    triton: dict[str, Stat] = field(default_factory=dict)  # file triton_key() reads -> stat ({}: no triton)
+    ptxas: dict[str, Stat] = field(default_factory=dict)  # ptxas binary -> stat
+    env: dict[str, str] = field(default_factory=dict)  # variables Triton could read into a key
+    distributions: dict[str, str] = field(default_factory=dict)  # name -> "<metadata dir> <stat>" or ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self)))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> EnvironmentKey:
+        def stats(value: Any) -> dict[str, Stat]:
+            return {str(k): (int(v[0]), int(v[1]), int(v[2])) for k, v in dict(value).items()}
+
+        return _build(cls, data, triton=stats, ptxas=stats, env=dict, distributions=dict)
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class KnownEnvironment:
+    """A fingerprint and the key it was computed under (one file in a cache dir's state)."""
+
+    key: EnvironmentKey
+    environment: Environment
+
+    def to_json(self) -> str:
+        return json.dumps({"key": self.key.to_dict(), "environment": asdict(self.environment)}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> KnownEnvironment:
+        """``ValueError`` for anything that is not a record this module wrote."""
+        try:
+            data = json.loads(text)
+            return cls(EnvironmentKey.from_dict(data["key"]),
+                       _build(Environment, data["environment"], ptxas=dict, env_vars=dict))
+        except (KeyError, TypeError, IndexError, BundleManifestError) as exc:
+            raise ValueError(f"not a fingerprint record: {exc!r}") from None
+
+    def covers(self, key: EnvironmentKey, archs: set[str]) -> bool:
+        """Valid for ``key`` and holds the ptxas text of every arch asked for."""
+        return self.key == key and archs <= set(self.environment.ptxas)
+
+
+def environment_key() -> EnvironmentKey:
+    """This process's key: a few hundred ``stat`` calls, no import of Triton or torch."""
+    _LISTINGS.clear()  # listings are shared by one key's lookups only: pip may have run since the last key
+    env = dict(os.environ)
+    triton_dir = _package_dir("triton")
+    return EnvironmentKey(
+        interpreter=f"{sys.executable} {sys.version} {importlib.machinery.EXTENSION_SUFFIXES[0]}",
+        triton=_triton_files(triton_dir) if triton_dir else {},
+        ptxas=_ptxas_files(triton_dir, env),
+        env=key_candidates(env),
+        distributions={name: _metadata_state(name) for name in DISTRIBUTIONS},
+    )
+
+
+def key_candidates(env: dict[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that Triton could read into a cache key, with their values."""
+    return {k: v for k, v in sorted(env.items())
+            if (k.startswith(KEY_ENV_PREFIXES) or k in OPTION_ENV_VARS) and k not in NOT_IN_KEYS}
+
+
+def _package_dir(name: str) -> str | None:
+    """Where ``import name`` would load the package from, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or ()) if spec else []
+    return os.path.realpath(locations[0]) if locations else None
+
+
+def _stat(path: str) -> Stat | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _triton_files(root: str) -> dict[str, Stat]:
+    paths = [os.path.join(root, "runtime", "cache.py"), os.path.join(root, "__init__.py")]
+    for sub in _TRITON_SOURCES:
+        for folder, dirs, files in os.walk(os.path.join(root, sub)):
+            dirs.sort()
+            paths += [os.path.join(folder, f) for f in sorted(files) if f.endswith(".py")]
+    lib = os.path.join(root, "_C")
+    paths += sorted(os.path.join(lib, f) for f in _listdir(lib) if ".so" in f or f.endswith(".pyd"))
+    return {os.path.relpath(p, root): s for p in paths if (s := _stat(p)) is not None}
+
+
+def _ptxas_files(triton_dir: str | None, env: dict[str, str]) -> dict[str, Stat]:
+    paths = [env[k] for k in ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH") if env.get(k)]
+    if triton_dir:
+        folder = os.path.join(triton_dir, "backends", "nvidia", "bin")
+        paths += [os.path.join(folder, f) for f in sorted(_listdir(folder)) if f.startswith("ptxas")]
+    return {p: s for p in paths if (s := _stat(p)) is not None}
+
+
+_LISTINGS: dict[str, list[str]] = {}
+
+
+def _listdir(path: str) -> list[str]:
+    if path not in _LISTINGS:
+        try:
+            _LISTINGS[path] = os.listdir(path)
+        except OSError:
+            _LISTINGS[path] = []
+    return _LISTINGS[path]
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def metadata_dir(name: str) -> str | None:
+    """The ``.dist-info`` / ``.egg-info`` dir of distribution ``name`` first on ``sys.path``, as
+    importlib.metadata searches it."""
+    want = _normalize(name)
+    for entry in sys.path:
+        folder = entry or "."
+        for child in sorted(_listdir(folder)):
+            stem, _, suffix = child.rpartition(".")
+            if suffix in ("dist-info", "egg-info") and _normalize(stem.split("-")[0]) == want:
+                return os.path.join(folder, child)
+    return None
+
+
+def _metadata_state(name: str) -> str:
+    found = metadata_dir(name)
+    if found is None:
+        return ""
+    stats = [_stat(os.path.join(found, f)) for f in ("METADATA", "PKG-INFO")]
+    return f"{os.path.realpath(found)} {next((s for s in stats if s), None)}"
