@@ -1,0 +1,207 @@
+"""The fingerprint a cache dir keeps: used only under the key it was computed for, never stale.
+
+An installed bundle is checked again by every ``install`` / ``run --bundle`` (each pod start) from
+the record in ``<cache>/.kernelcache/fingerprints/``, without importing Triton or torch. The record
+is trusted exactly while its ``EnvironmentKey`` holds; a Triton replaced in place in a real venv
+(pip, down and up again) is fingerprinted again and the bundle refused, then accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, clean_env, kc
+
+from kernelcache.bundle.envkey import EnvironmentKey, KnownEnvironment, environment_key, key_candidates
+from kernelcache.bundle.fingerprint import package_version
+from kernelcache.bundle.manifest import Environment
+from kernelcache.errors import FingerprintMismatch
+
+# The CLI in a process where importing triton or torch fails loudly (the record must make both needless).
+# Finding them (importlib.util.find_spec, as the key does) still works: only loading is refused.
+BLOCKED = r"""
+import importlib.machinery, sys
+class Refuse:
+    def create_module(self, spec):
+        print("blocked import: " + spec.name, file=sys.stderr)
+        raise ImportError("blocked: " + spec.name)
+    def exec_module(self, module):
+        raise ImportError("blocked")
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] not in ("triton", "torch"):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None:
+            spec.loader = Refuse()
+        return spec
+sys.meta_path.insert(0, Block())
+from kernelcache.cli import main
+main(sys.argv[1:], prog_name="kernelcache")
+"""
+
+# The CLI, then one JSON line on stderr naming the heavy packages the command imported.
+IMPORTS = r"""
+import json, sys
+from kernelcache.cli import main
+try:
+    main(sys.argv[1:], prog_name="kernelcache")
+    code = 0
+except SystemExit as exc:
+    code = exc.code or 0
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"triton", "torch"})
+print(json.dumps({"exit": code, "imported": heavy}), file=sys.stderr)
+"""
+
+
+def blocked(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCKED, *args], env=clean_env(KERNELCACHE_NO_GPU_PROBE="1"),
+                          capture_output=True, text=True, timeout=300)
+
+
+def records(cache: Path) -> list[Path]:
+    return sorted((cache / ".kernelcache" / "fingerprints").glob("*.json"))
+
+
+def test_noop_install_env_and_run_import_neither_triton_nor_torch(bundle90, tmp_path):
+    cache = tmp_path / "c"
+    kc("install", str(bundle90), "--cache-dir", str(cache), "--no-gpu-check", check=True)  # computes the record
+    assert len(records(cache)) == 1
+    done = blocked("install", str(bundle90), "--cache-dir", str(cache))
+    assert done.returncode == 0 and "already installed" in done.stdout, done.stderr
+    done = blocked("env", "--cache-dir", str(cache), "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["TRITON_CACHE_DIR"] == str(cache), done.stderr
+    done = blocked("run", "--bundle", str(bundle90), "--cache-dir", str(cache), "--",
+                   sys.executable, "-c", "import os; print(os.environ['TRITON_CACHE_DIR'])")
+    assert done.returncode == 0 and done.stdout.strip() == str(cache), done.stderr
+    assert "blocked import" not in done.stderr
+
+
+def test_first_install_into_a_fresh_cache_dir_computes_the_fingerprint(bundle90, tmp_path):
+    done = blocked("install", str(bundle90), "--cache-dir", str(tmp_path / "c"))
+    assert done.returncode != 0 and "blocked import: triton" in done.stderr
+    assert not (tmp_path / "c").exists()  # refused (triton missing) before anything was written
+
+
+def test_a_record_is_used_exactly_while_its_key_holds(bundle90, tmp_path):
+    cache = tmp_path / "c"
+    kc("install", str(bundle90), "--cache-dir", str(cache), "--no-gpu-check", check=True)
+    [record] = records(cache)
+    known = KnownEnvironment.from_json(record.read_text())
+    lying = KnownEnvironment(known.key, dataclasses.replace(known.environment, triton_key_sha256="0" * 64))
+    record.write_text(lying.to_json())
+    done = kc("install", str(bundle90), "--cache-dir", str(cache), "--no-gpu-check")
+    assert done.returncode == FingerprintMismatch.exit_code  # the record's word was taken: same key
+    assert "triton_key_sha256" in done.stderr
+    # A variable with a key prefix that Triton does not read changes the key: computed again, accepted.
+    done = kc("install", str(bundle90), "--cache-dir", str(cache), "--no-gpu-check",
+              env={"TRITON_KERNELCACHE_TEST_UNREAD": "1"})
+    assert done.returncode == 0 and "already installed" in done.stdout, done.stderr
+    assert len(records(cache)) == 2
+    # A record under another key's file name is not used either.
+    record.write_text(lying.to_json())
+    other = next(p for p in records(cache) if p != record)
+    other.write_text(lying.to_json())
+    done = kc("install", str(bundle90), "--cache-dir", str(cache), "--no-gpu-check",
+              env={"TRITON_KERNELCACHE_TEST_UNREAD": "1"})
+    assert done.returncode == 0, done.stderr
+
+
+def test_key_changes_with_each_part_it_names(monkeypatch):
+    base = environment_key()
+    assert base.triton and any(p.startswith("_C/libtriton") for p in base.triton)
+    assert base.ptxas and base.distributions["triton"]
+    for var in ("TRITON_DEFAULT_FP_FUSION", "MLIR_ENABLE_DUMP", "PTXAS_OPTIONS", "TRITON_PTXAS_PATH"):
+        monkeypatch.setenv(var, "1")
+        assert environment_key() != base, var
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/elsewhere")  # where the cache is, not what it holds
+    monkeypatch.setenv("HOSTNAME", "another-pod")
+    assert environment_key() == base
+
+
+def test_records_round_trip_through_json():
+    known = KnownEnvironment(environment_key(), Environment("cp312", "x86_64-linux", "3.6.0", "ab" * 32,
+                                                            {"sm_90": "ptxas\nrelease 12.8"}, {"X": "1"}))
+    assert KnownEnvironment.from_json(known.to_json()) == known
+    assert EnvironmentKey.from_dict(known.key.to_dict()).digest == known.key.digest
+    for bad in ("[]", "{}", '{"key": {}, "environment": {}}', "not json"):
+        with pytest.raises(ValueError):
+            KnownEnvironment.from_json(bad)
+
+
+LIST_TRITONS_VARIABLES = r"""
+import json, os, re, pathlib
+import triton
+from triton._C.libtriton import get_cache_invalidating_env_vars
+lib = next(pathlib.Path(triton.__file__).parent.joinpath("_C").glob("libtriton*"))
+names = {m.decode() for m in re.findall(rb"[A-Z][A-Z0-9]*_[A-Z0-9_]+", lib.read_bytes())}
+for name in names:  # libtriton reports the ones that are set: set every name it holds
+    os.environ[name] = "1"
+print(json.dumps(sorted(get_cache_invalidating_env_vars())))
+"""
+
+
+def test_key_covers_every_variable_triton_reads_into_its_keys():
+    done = subprocess.run([sys.executable, "-c", LIST_TRITONS_VARIABLES], capture_output=True, text=True,
+                          env=clean_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    names = json.loads(done.stdout)
+    assert "TRITON_DEFAULT_FP_FUSION" in names and len(names) > 10  # the listing really found the list
+    assert sorted(key_candidates(dict.fromkeys(names, "1"))) == names
+
+
+# -- a real venv whose Triton is replaced in place -----------------------------------------------------
+
+
+def other_triton(version: str) -> str:
+    return "3.5.1" if version != "3.5.1" else "3.6.0"
+
+
+def pip(python: Path, *args: str) -> None:
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", *args], env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def install_in(python: Path, bundle: Path, cache: Path) -> tuple[dict, subprocess.CompletedProcess]:
+    done = subprocess.run([str(python), "-c", IMPORTS, "install", str(bundle), "--cache-dir", str(cache)],
+                          env=clean_env(PYTHONPATH=str(ROOT), KERNELCACHE_NO_GPU_PROBE="1"),
+                          capture_output=True, text=True, timeout=600)
+    return json.loads(done.stderr.strip().splitlines()[-1]), done
+
+
+@pytest.mark.slow
+def test_triton_replaced_in_a_venv_is_fingerprinted_again(bundle90, tmp_path):
+    ours = package_version("triton")
+    where = tmp_path / "venv"
+    venv.create(where, with_pip=True)
+    python = where / "bin" / "python"
+    pip(python, f"triton=={ours}", "click", "filelock", "zstandard", "rich")
+    cache = tmp_path / "c"
+
+    first, done = install_in(python, bundle90, cache)  # the bundle's own Triton: computed, accepted
+    assert first == {"exit": 0, "imported": ["triton"]}, done.stderr
+    again, done = install_in(python, bundle90, cache)
+    assert again == {"exit": 0, "imported": []} and "already installed" in done.stdout, done.stderr
+
+    pip(python, f"triton=={other_triton(ours)}")  # replaced in place: same paths, other files
+    refused, done = install_in(python, bundle90, cache)
+    assert refused == {"exit": FingerprintMismatch.exit_code, "imported": ["triton"]}, done.stderr
+    assert "triton_key_sha256" in done.stderr and other_triton(ours) in done.stderr
+    refused, done = install_in(python, bundle90, cache)  # a refusal keeps no record: checked again, refused
+    assert refused["exit"] == FingerprintMismatch.exit_code, done.stderr
+
+    pip(python, f"triton=={ours}")  # back to the bundle's Triton, new files: computed again, accepted
+    back, done = install_in(python, bundle90, cache)
+    assert back == {"exit": 0, "imported": ["triton"]}, done.stderr
+    last, done = install_in(python, bundle90, cache)
+    assert last == {"exit": 0, "imported": []}, done.stderr
