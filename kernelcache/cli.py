@@ -242,16 +242,17 @@ def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool,
     if result is None:
         with local_bundle(source, arch=arch, gpu=gpu) as path:
             result = do_install(path, cache_dir, force=force, check_gpu=not no_gpu_check, limits=limits)
-    for warning in result.warnings:
-        err.print(f"warning: {warning}", markup=False, style="bold red" if "FORCED" in warning else None)
+    for warning in result.warnings:  # click, not rich: a no-op install on every pod start renders plain lines only
+        forced = "FORCED" in warning
+        click.secho(f"warning: {warning}", err=True, fg="red" if forced else None, bold=forced or None)
     if as_json:
         _json({"cache_dir": str(result.cache_dir), "digest": result.digest, "action": result.action,
                "written": result.written, "present": result.present, "seconds": result.seconds})
         return
     if result.action == "already-installed":
-        out.print(f"already installed in {result.cache_dir} (digest {result.digest[:16]})")
+        click.echo(f"already installed in {result.cache_dir} (digest {result.digest[:16]})")
     else:
-        out.print(f"installed {result.written} entries into {result.cache_dir} ({result.present} already there) "
+        click.echo(f"installed {result.written} entries into {result.cache_dir} ({result.present} already there) "
                   f"in {result.seconds:.2f}s")
 
 

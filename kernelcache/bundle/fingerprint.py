@@ -59,10 +59,17 @@ def local_environment(archs: Iterable[str]) -> Environment:
 
 
 def ptxas_version(arch: str) -> str:
-    """The ``ptxas --version`` text Triton's CUDA backend hashes for this arch."""
+    """The ``ptxas --version`` text Triton's CUDA backend hashes for this arch.
+
+    Triton 3.6 picks a ptxas per arch (``get_ptxas_version(arch)``: ptxas-blackwell from sm_100);
+    3.4 and 3.5 have one ptxas and take no argument."""
+    import inspect
+
     from triton.backends.nvidia.compiler import get_ptxas_version
 
-    return get_ptxas_version(arch_to_capability(arch))
+    if inspect.signature(get_ptxas_version).parameters:
+        return get_ptxas_version(arch_to_capability(arch))
+    return get_ptxas_version()
 
 
 def key_env_vars() -> dict[str, str]:

@@ -123,6 +123,8 @@ def recover(cache_dir: Path | CacheDir, locked: bool = False) -> int:
     cache = cache_dir if isinstance(cache_dir, CacheDir) else CacheDir(Path(cache_dir))
     if not (cache.state / "journal").is_dir():
         return 0
+    if not locked and not leftovers(cache):  # nothing to finish: no lock (and no import of filelock) to take
+        return 0
     if not locked:
         try:
             with cache.locked():
@@ -148,11 +150,25 @@ def roll_forward(cache: CacheDir, path: Path) -> int:
     return 1
 
 
+def leftovers(cache: CacheDir) -> bool:
+    """Whether a killed or running install left anything here: a journal, a staging dir, a temp file.
+
+    Without the lock this can only say "nothing yet": an install that starts right after is the lock
+    holder's business, exactly as if this check had taken the lock first."""
+    staging = cache.state / "staging"
+    if staging.is_dir() and any(staging.iterdir()):
+        return True
+    return any(any((cache.state / sub).glob(pattern)) for sub, pattern in _SWEPT)
+
+
+_SWEPT = (("journal", "*"), ("installed", ".*"), ("fingerprints", ".*"))
+
+
 def sweep(cache: CacheDir) -> None:
     """Remove staging dirs and temporary files; only the lock holder calls this."""
     staging = cache.state / "staging"
     for stale in sorted(staging.iterdir()) if staging.is_dir() else ():
         shutil.rmtree(stale, ignore_errors=True)
-    for sub in ("journal", "installed", "fingerprints"):
+    for sub, _ in _SWEPT:
         for temp in (cache.state / sub).glob(".*"):
             temp.unlink(missing_ok=True)

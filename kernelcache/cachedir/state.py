@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from ..bundle.manifest import Manifest
 from ..errors import BundleManifestError, StorageError, UsageError
 
@@ -126,6 +124,8 @@ class CacheDir:
     @contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the state lock; ``StorageError`` after KERNELCACHE_LOCK_TIMEOUT seconds of waiting."""
+        from filelock import FileLock, Timeout  # 10-40 ms of imports, paid only by a writer
+
         lock = FileLock(str(self.state / "lock"), timeout=lock_timeout())
         try:
             lock.acquire()

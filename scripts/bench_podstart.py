@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""What kernelcache itself costs on a pod's start path: CLI wall time of install / env / run.
+
+    python scripts/bench_podstart.py --bundle B [--source after=. --source before=/path/to/main] [--runs 15]
+
+Each ``--source LABEL=DIR`` is a kernelcache tree run as ``python -m kernelcache`` with
+``PYTHONPATH=DIR`` (so one interpreter and one set of packages measure old and new code). Rounds
+interleave the sources, so a load that changes during the run weighs on each alike. Scenarios:
+
+* ``noop-install``: ``install B`` into a cache dir that holds B (installed once before the runs);
+* ``env``: ``env --cache-dir D``;
+* ``cold-install``: ``install B`` into a fresh cache dir: extraction, publishing and the first
+  fingerprint (libtriton.so is in the page cache after the first run);
+* ``run``, ``run-bundle``: ``run [--bundle B] --cache-dir D -- /bin/true``, reported as the time
+  added to ``/bin/true`` run directly (``exec``), measured in the same rounds.
+
+Prints, per source and scenario, the median wall time, the interquartile range and min-max, and the
+median CPU time (user + sys of the process and its children), then the machine, load and versions.
+The GPU probe runs as it does for users (no KERNELCACHE_NO_GPU_PROBE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SCENARIOS = ("noop-install", "env", "cold-install", "run", "run-bundle")
+
+
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process tree) of one command, which must succeed."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+class Source:
+    def __init__(self, label: str, root: Path, python: str, bundle: Path, work: Path):
+        self.label, self.root, self.python, self.bundle = label, root, python, bundle
+        self.work = work / label
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("TRITON_", "KERNELCACHE_")) and k != "PYTHONPATH"}
+        self.env["PYTHONPATH"] = str(root)
+        self.installed = self.work / "installed"
+        self.cold = 0
+
+    def kc(self, *args: str) -> list[str]:
+        return [self.python, "-m", "kernelcache", *args]
+
+    def prepare(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+        self.work.mkdir(parents=True)
+        timed(self.kc("install", str(self.bundle), "--cache-dir", str(self.installed)), self.env)
+
+    def argv(self, scenario: str) -> list[str]:
+        installed = str(self.installed)
+        if scenario == "noop-install":
+            return self.kc("install", str(self.bundle), "--cache-dir", installed)
+        if scenario == "env":
+            return self.kc("env", "--cache-dir", installed)
+        if scenario == "cold-install":
+            self.cold += 1
+            return self.kc("install", str(self.bundle), "--cache-dir", str(self.work / f"cold{self.cold}"))
+        if scenario == "run":
+            return self.kc("run", "--cache-dir", installed, "--", "/bin/true")
+        return self.kc("run", "--bundle", str(self.bundle), "--cache-dir", installed, "--", "/bin/true")
+
+    def commit(self) -> str:
+        done = subprocess.run(["git", "-C", str(self.root), "describe", "--always", "--dirty"],
+                              capture_output=True, text=True)
+        return done.stdout.strip() or "?"
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return {"median": statistics.median(values), "p25": q[0], "p75": q[2], "min": min(values), "max": max(values)}
+
+
+def measure(sources: list[Source], runs: int) -> dict:
+    results: dict = {s.label: {k: {"wall": [], "cpu": []} for k in (*SCENARIOS, "direct")} for s in sources}
+    for _ in range(runs):
+        for source in sources:
+            for scenario in SCENARIOS:
+                wall, cpu = timed(source.argv(scenario), source.env)
+                results[source.label][scenario]["wall"].append(wall)
+                results[source.label][scenario]["cpu"].append(cpu)
+            wall, cpu = timed(["/bin/true"], source.env)
+            results[source.label]["direct"]["wall"].append(wall)
+            results[source.label]["direct"]["cpu"].append(cpu)
+            shutil.rmtree(source.work / f"cold{source.cold}", ignore_errors=True)
+    return results
+
+
+def render(results: dict, runs: int) -> str:
+    lines = ["| source | scenario | median wall (ms) | IQR (ms) | min-max (ms) | median CPU (ms) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for label, scenarios in results.items():
+        direct = statistics.median(scenarios["direct"]["wall"])
+        for name in SCENARIOS:
+            wall, cpu = summary(scenarios[name]["wall"]), statistics.median(scenarios[name]["cpu"])
+            shift = direct if name.startswith("run") else 0.0
+            note = " (added to /bin/true)" if shift else ""
+            lines.append(f"| {label} | {name}{note} | **{(wall['median'] - shift) * 1e3:.0f}** | "
+                         f"{(wall['p25'] - shift) * 1e3:.0f}-{(wall['p75'] - shift) * 1e3:.0f} | "
+                         f"{(wall['min'] - shift) * 1e3:.0f}-{(wall['max'] - shift) * 1e3:.0f} | {cpu * 1e3:.0f} |")
+        lines.append(f"| {label} | /bin/true directly | {direct * 1e3:.1f} | | | |")
+    return "\n".join(lines) + f"\n\n{runs} runs per row."
+
+
+def machine(python: str) -> str:
+    probe = ("import importlib.metadata as m, platform, json; v = {}\n"
+             "for d in ('triton', 'torch', 'vllm', 'click', 'rich', 'zstandard'):\n"
+             "    try: v[d] = m.version(d)\n    except m.PackageNotFoundError: v[d] = None\n"
+             "print(json.dumps({'python': platform.python_version(), **v}))")
+    versions = subprocess.run([python, "-c", probe], capture_output=True, text=True).stdout.strip()
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.machine())
+    return f"{model}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {versions}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bundle", required=True, type=Path)
+    parser.add_argument("--source", action="append", default=[], help="LABEL=DIR (default: after=this tree)")
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--json", type=Path, default=None, help="Also write every measurement here.")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="kc-podstart-"))
+    pairs = args.source or [f"after={Path(__file__).resolve().parents[1]}"]
+    sources = [Source(label, Path(root).resolve(), args.python, args.bundle.resolve(), work)
+               for label, _, root in (p.partition("=") for p in pairs)]
+    print(f"before: {machine(args.python)}", flush=True)
+    for source in sources:
+        source.prepare()
+    results = measure(sources, args.runs)
+    print(render(results, args.runs))
+    print(f"after: {machine(args.python)}")
+    print("sources: " + ", ".join(f"{s.label}={s.root} ({s.commit()})" for s in sources))
+    print(f"bundle: {args.bundle} ({args.bundle.stat().st_size / 2**20:.1f} MiB)")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
