@@ -139,8 +139,10 @@ def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None 
     lim = limits or archive.Limits.from_env()
     probe = GpuProbe.start() if check_gpu else None  # its child starts while the manifest is read
     try:
-        manifest = archive.read_manifest(path, lim)
-        return plan_install_manifest(path, manifest, resolve_cache_dir(cache_dir), force, check_gpu, lim, probe)
+        manifest, member = archive.read_manifest_member(path, lim)
+        root = resolve_cache_dir(cache_dir)
+        digest = archive.bundle_digest(manifest, member, known=lambda d: CacheDir(root).receipt_path(d).is_file())
+        return plan_install_manifest(path, manifest, root, force, check_gpu, lim, probe, digest)
     finally:
         if probe is not None:
             probe.close()
@@ -148,8 +150,10 @@ def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None 
 
 def plan_install_manifest(path: Path, manifest: Manifest, cache_dir: Path, force: bool = False,
                           check_gpu: bool = True, limits: archive.Limits | None = None,
-                          probe: GpuProbe | None = None) -> InstallPlan:
-    """The plan for a bundle whose manifest is already read (from the file, or from a receipt)."""
+                          probe: GpuProbe | None = None, digest: str | None = None) -> InstallPlan:
+    """The plan for a bundle whose manifest is already read (from the file, or from a receipt).
+
+    ``probe``: a GPU probe already started; ``digest``: the manifest's digest when already known."""
     lim = limits or archive.Limits.from_env()
     check_entries(manifest)
     fresh = None
@@ -162,8 +166,8 @@ def plan_install_manifest(path: Path, manifest: Manifest, cache_dir: Path, force
     differences = compare(manifest, here) if here is not None else []
     if check_gpu:
         differences += compare_gpu(manifest.target, (probe or GpuProbe.start()).result())
-    return InstallPlan(path, manifest, archive.bundle_digest(manifest), cache_dir, tuple(differences), force, lim,
-                       fresh)
+    return InstallPlan(path, manifest, digest or archive.bundle_digest(manifest), cache_dir, tuple(differences),
+                       force, lim, fresh)
 
 
 def environment_here(archs: Iterable[str], cache: CacheDir) -> tuple[Environment, KnownEnvironment | None]:

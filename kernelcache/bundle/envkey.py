@@ -107,7 +107,7 @@ def environment_key() -> EnvironmentKey:
         triton=_triton_files(triton_dir) if triton_dir else {},
         ptxas=_ptxas_files(triton_dir, env),
         env=key_candidates(env),
-        distributions={name: _metadata_state(name) for name in DISTRIBUTIONS},
+        distributions=_metadata_states(DISTRIBUTIONS),
     )
 
 
@@ -170,22 +170,27 @@ def _normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def metadata_dir(name: str) -> str | None:
-    """The ``.dist-info`` / ``.egg-info`` dir of distribution ``name`` first on ``sys.path``, as
-    importlib.metadata searches it."""
-    want = _normalize(name)
+def metadata_dirs(names: tuple[str, ...]) -> dict[str, str]:
+    """The ``.dist-info`` / ``.egg-info`` dir of each distribution found first on ``sys.path``, searched
+    as importlib.metadata searches (one listing per path entry); names not found are left out."""
+    wanted = {_normalize(n): n for n in names}
+    found: dict[str, str] = {}
     for entry in sys.path:
         folder = entry or "."
-        for child in sorted(_listdir(folder)):
+        for child in _listdir(folder):
             stem, _, suffix = child.rpartition(".")
-            if suffix in ("dist-info", "egg-info") and _normalize(stem.split("-")[0]) == want:
-                return os.path.join(folder, child)
-    return None
+            name = wanted.get(_normalize(stem.split("-")[0])) if suffix in ("dist-info", "egg-info") else None
+            if name is not None and name not in found:
+                found[name] = os.path.join(folder, child)
+    return found
 
 
-def _metadata_state(name: str) -> str:
-    found = metadata_dir(name)
-    if found is None:
-        return ""
-    stats = [_stat(os.path.join(found, f)) for f in ("METADATA", "PKG-INFO")]
-    return f"{os.path.realpath(found)} {next((s for s in stats if s), None)}"
+def _metadata_states(names: tuple[str, ...]) -> dict[str, str]:
+    found = metadata_dirs(names)
+    states = {}
+    for name in names:
+        folder = found.get(name)
+        stat = next((s for f in ("METADATA", "PKG-INFO") if (s := _stat(os.path.join(folder, f)))), None) \
+            if folder else None
+        states[name] = f"{os.path.realpath(folder)} {stat}" if folder else ""
+    return states
