@@ -19,8 +19,8 @@ class UsageError(KernelcacheError):
     exit_code = 2
 
 
-class ManifestFileError(KernelcacheError):
-    """A build manifest under cache-manifests/ (TOML) is malformed or names an unknown key."""
+class RecipeError(KernelcacheError):
+    """A build recipe under cache-manifests/ (TOML) is malformed or names an unknown key."""
 
     exit_code = 3
 
