@@ -287,9 +287,9 @@ def _gpu_for(module: FlashInferModule) -> bool:
 
 def _arch_list(arch: str) -> str:
     """``sm90a`` -> ``9.0a``: how ``FLASHINFER_CUDA_ARCH_LIST`` names an arch."""
-    text = arch.removeprefix("sm_").removeprefix("sm")
-    digits = text.rstrip("af")
-    return f"{digits[:-1]}.{digits[-1]}{text[len(digits):]}"
+    capability = arch_to_capability(arch)
+    suffix = arch[-1] if arch[-1] in "af" else ""
+    return f"{capability // 10}.{capability % 10}{suffix}"
 
 
 def _cuda_runtime() -> str | None:
