@@ -113,6 +113,12 @@ class BaseUnusable(KernelcacheError):
     exit_code = 41
 
 
+class ReadOnlyCache(KernelcacheError):
+    """The cache dir cannot be written and no overlay was asked for: Triton would crash on its first miss."""
+
+    exit_code = 42
+
+
 class CompilesDetected(KernelcacheError):
     """verify saw at least one real compile (a cache miss)."""
 

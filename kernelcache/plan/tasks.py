@@ -36,7 +36,8 @@ def vocab_tasks(plan: BuildPlan, vocab: int) -> tuple[Task, ...]:
     if "mrv1" in plan.paths and processed:
         tasks.append(Task(f"{SAMPLER}:mrv1", {"vocab": vocab, "max_batch": max_batch, "modes": list(plan.modes),
                                                "seeded": plan.seeded, "unseeded": plan.unseeded and
-                                               "flashinfer" not in plan.paths}, label="mrv1"))
+                                               "flashinfer" not in plan.paths, "dtypes": list(plan.dtypes)},
+                          label="mrv1"))
     if "mrv2" in plan.paths:
         tasks.append(Task(f"{SAMPLER}:mrv2", {
             "vocab": vocab, "max_batch": max_batch, "modes": list(plan.modes) if processed else [],

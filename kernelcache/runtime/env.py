@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cachedir import recover, resolve_cache_dir
-from ..errors import AlreadyActivated, UsageError
+from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
 from ..install import InstallResult, install
 from . import flashinfer
 
@@ -81,9 +81,25 @@ def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | Non
     """Install ``bundle`` if given (a no-op when already there), finish interrupted installs."""
     result = install(bundle, cache_dir, force=force) if bundle is not None else None
     root = result.cache_dir if result else resolve_cache_dir(cache_dir)
-    if root.is_dir() and os.access(root, os.W_OK):
+    refuse_read_only(root)
+    if root.is_dir():
         recover(root)
     return result, environment(root)
+
+
+def refuse_read_only(root: Path) -> None:
+    """A read-only cache dir without the overlay is a crash waiting for the first miss: refuse it.
+
+    Triton's ``FileCacheManager`` creates the entry directory of every key it looks up, hit or miss,
+    when the key is not there, so one key the bundle lacks raises ``OSError: [Errno 30] Read-only
+    file system`` inside the engine (triton/runtime/cache.py). ``--read-only`` serves the same dir
+    through an overlay that writes misses elsewhere.
+    """
+    if root.is_dir() and not os.access(root, os.W_OK):
+        raise ReadOnlyCache(
+            f"{root} is read-only: Triton would crash the engine on its first cache miss (EROFS); "
+            "use --read-only to serve it with a writable overlay for misses"
+        )
 
 
 def activate(*, bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
