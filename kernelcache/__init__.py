@@ -1,16 +1,18 @@
 """kernelcache: prebuilt Triton and FlashInfer kernel caches for LLM-serving cold starts.
 
-The Python API has the CLI's verbs. Importing this package imports neither torch nor triton;
-each verb imports what it needs when called.
+The Python API has the CLI's verbs, and returns what the CLI renders (every result has ``to_dict()``).
+Importing this package imports neither torch nor triton; each verb imports what it needs when called.
 
     import kernelcache
     kernelcache.activate(bundle="/bundles/vllm-sampler-sm_90-h200.tar.zst")   # before importing vllm
+    kernelcache.install("oci://registry.example/kernels:vllm-0.33", cache_dir="/caches/triton")
+    eval_me = kernelcache.env(read_only=True, base="/caches/triton").exports()
 """
 
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -19,7 +21,7 @@ _API = {
     "inspect": "kernelcache.bundle.inspect:inspect",
     "install": "kernelcache.install:install",
     "plan_install": "kernelcache.install:plan_install",
-    "env": "kernelcache.runtime.env:environment",
+    "env": "kernelcache.runtime.env:env",
     "activate": "kernelcache.runtime.env:activate",
     "run": "kernelcache.runtime.env:run",
     "build": "kernelcache.build:build",
@@ -32,7 +34,20 @@ _API = {
     "fetch": "kernelcache.remote:fetch",
 }
 
-__all__ = ["__version__", *_API]
+__all__ = ["__version__", "activate", "build", "capture", "diff", "env", "fetch", "inspect", "install", "merge", "pack",
+           "plan_install", "pull", "push", "run", "verify"]
+
+if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load on first use
+    from .build import build
+    from .bundle.compare import diff, merge
+    from .bundle.inspect import inspect
+    from .bundle.make import pack
+    from .capture import capture
+    from .install import install, plan_install
+    from .remote import fetch, pull
+    from .remote.oci import push
+    from .runtime.env import activate, env, run
+    from .verify import verify
 
 
 def __getattr__(name: str) -> Any:
@@ -41,3 +56,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'kernelcache' has no attribute {name!r}")
     module, _, attr = target.partition(":")
     return getattr(import_module(module), attr)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_API})

@@ -7,6 +7,7 @@ fingerprint mismatch also prints the table of differing fields.
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import sys
@@ -15,7 +16,7 @@ from typing import Any
 import click
 
 from . import __version__
-from .errors import FingerprintMismatch, KernelcacheError, StorageError, UsageError
+from .errors import FingerprintMismatch, KernelcacheError, StorageError
 
 
 class LazyConsole:
@@ -142,23 +143,37 @@ def overlay_options(func):
                         help="Serve hits from a read-only base; write misses to an overlay and log them.")(func)
 
 
-def overlay_variables(read_only: bool, cache_dir: str | None, base: str | None, overlay: str | None,
-                      miss_log: str | None) -> dict[str, str] | None:
-    """The --read-only environment, or None without --read-only."""
-    if not read_only:
-        given = [flag for flag, value in (("--base", base), ("--overlay", overlay), ("--miss-log", miss_log)) if value]
-        if given:
-            raise UsageError(f"{', '.join(given)} only make sense with --read-only")
-        return None
-    if base is not None and cache_dir is not None:
-        raise UsageError("give the read-only cache as --base or as --cache-dir, not both")
-    from .runtime.overlay import prepare_overlay
+def plan_options(recipe_help: str):
+    """The options ``build`` and ``verify`` share: a recipe, the flags that override its plan (handed on as
+    one ``PlanOverrides``, the ``overrides`` argument), and how the exercise processes run."""
+    options = (
+        click.option("--recipe", "--manifest", "recipe", type=click.Path(dir_okay=False), default=None,
+                     help=recipe_help + " (--manifest: its old name)"),
+        click.option("--gpu", "gpus", multiple=True, help="GPU profile(s) (overrides the recipe's list)."),
+        click.option("--vocab", "vocabs", multiple=True, type=int, help="Vocab size(s) (overrides the recipe)."),
+        click.option("--dtype", "dtypes", multiple=True,
+                     help="Logits dtype(s): float32 (what registry and mrv1 need), bfloat16, float16."),
+        click.option("--max-num-seqs", type=int, default=None, help="vLLM max_num_seqs (the batch range)."),
+        click.option("--path", "paths", multiple=True, help="Path(s): registry, mrv1, mrv2, flashinfer."),
+        click.option("--mode", type=click.Choice(["auto", "cross", "native"]), default="auto", show_default=True,
+                     help="native: run on a visible GPU of the arch; cross: a faithful fake target; "
+                          "auto: native if possible."),
+        click.option("--jobs", type=click.IntRange(min=1), default=None,
+                     help="Exercise processes at once [default: all cores]."),
+    )
 
-    setup = prepare_overlay(base if base is not None else cache_dir, overlay, miss_log)
-    if not setup.bundles:
-        err.print(f"warning: {setup.base} holds no kernelcache install receipt; serving it as a plain Triton cache",
-                  markup=False)
-    return setup.environment()
+    def decorate(func):
+        @functools.wraps(func)
+        def command(*args, gpus, vocabs, dtypes, max_num_seqs, paths, **kwargs):
+            from .plan.recipe import PlanOverrides
+
+            return func(*args, overrides=PlanOverrides(gpus, vocabs, dtypes, max_num_seqs, paths), **kwargs)
+
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
 
 
 # -- end of reliability options -------------------------------------------------------------------
@@ -194,7 +209,7 @@ def inspect(bundle: str, as_json: bool) -> None:
 
     info = do_inspect(bundle)
     if as_json:
-        _json({"digest": info.digest, "compressed_size": info.compressed_size, **info.manifest.to_dict()})
+        _json(info.to_dict())
         return
     m = info.manifest
     env = m.environment
@@ -235,19 +250,14 @@ def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool,
     BUNDLE is a file, a URL (file://, http(s)://, s3://, ...) or oci://HOST/REPO:TAG.
     """
     from .install import install as do_install
-    from .remote import already_installed, local_bundle
 
     limits = make_limits(members, member_bytes, total_bytes)
-    result, source = already_installed(bundle, cache_dir, force, not no_gpu_check, arch, gpu)  # oci://: no blob
-    if result is None:
-        with local_bundle(source, arch=arch, gpu=gpu) as path:
-            result = do_install(path, cache_dir, force=force, check_gpu=not no_gpu_check, limits=limits)
+    result = do_install(bundle, cache_dir, force=force, check_gpu=not no_gpu_check, limits=limits, arch=arch, gpu=gpu)
     for warning in result.warnings:  # click, not rich: a no-op install on every pod start renders plain lines only
         forced = "FORCED" in warning
         click.secho(f"warning: {warning}", err=True, fg="red" if forced else None, bold=forced or None)
     if as_json:
-        _json({"cache_dir": str(result.cache_dir), "digest": result.digest, "action": result.action,
-               "written": result.written, "present": result.present, "seconds": result.seconds})
+        _json({k: v for k, v in result.to_dict().items() if k != "warnings"})
         return
     if result.action == "already-installed":
         click.echo(f"already installed in {result.cache_dir} (digest {result.digest[:16]})")
@@ -263,15 +273,15 @@ def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool,
 def env(cache_dir: str | None, as_json: bool, read_only: bool, base: str | None, overlay: str | None,
         miss_log: str | None) -> None:
     """Print shell exports for an installed cache: eval "$(kernelcache env)"."""
-    from .runtime.env import prepare, shell_exports
+    from .runtime.env import env as do_env
 
-    variables = overlay_variables(read_only, cache_dir, base, overlay, miss_log)
-    if variables is None:
-        _, variables = prepare(None, cache_dir)
+    found = do_env(cache_dir, read_only=read_only, base=base, overlay=overlay, miss_log=miss_log)
+    for warning in found.warnings:
+        err.print(f"warning: {warning}", markup=False)
     if as_json:
-        _json(variables)
+        _json(found.variables)
     else:
-        click.echo(shell_exports(variables), nl=False)
+        click.echo(found.exports(), nl=False)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -283,38 +293,22 @@ def env(cache_dir: str | None, as_json: bool, read_only: bool, base: str | None,
 def run(bundle: str | None, cache_dir: str | None, force: bool, read_only: bool, base: str | None,
         overlay: str | None, miss_log: str | None, command: tuple[str, ...]) -> None:
     """Install if needed, then exec COMMAND with the cache active: kernelcache run -- vllm serve ..."""
-    from .runtime.env import exec_command
     from .runtime.env import run as do_run
 
-    if read_only and bundle is not None:
-        raise UsageError("--read-only serves an installed cache; install --bundle into it first")
-    variables = overlay_variables(read_only, cache_dir, base, overlay, miss_log)
-    if variables is not None:
-        exec_command(list(command), variables)
-    do_run(list(command), bundle, cache_dir, force)
+    do_run(list(command), bundle, cache_dir, force, read_only=read_only, base=base, overlay=overlay,
+           miss_log=miss_log)
 
 
 @main.command()
 @click.option("--arch", required=True, help="Target GPU arch, e.g. sm_90 or sm_100.")
-@click.option("--manifest", "manifest_file", type=click.Path(dir_okay=False), default=None,
-              help="Build manifest [default: cache-manifests/vllm-sampler.toml].")
-@click.option("--gpu", "gpus", multiple=True, help="GPU profile(s) to build for (overrides the manifest).")
-@click.option("--vocab", "vocabs", multiple=True, type=int, help="Vocab size(s) (overrides the manifest).")
-@click.option("--dtype", "dtypes", multiple=True, help="Logits dtype(s): float32, bfloat16, float16.")
-@click.option("--max-num-seqs", type=int, default=None, help="vLLM max_num_seqs (the batch range).")
-@click.option("--path", "paths", multiple=True, help="Path(s): registry, mrv1, mrv2, flashinfer.")
-@click.option("--mode", type=click.Choice(["auto", "cross", "native"]), default="auto", show_default=True,
-              help="native: run on a visible GPU of the arch; cross: a faithful fake target; auto: native if possible.")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Exercise processes at once [default: all cores].")
+@plan_options("Build recipe [default: cache-manifests/vllm-sampler.toml].")
 @click.option("-o", "--output-dir", default="bundles", show_default=True, type=click.Path(file_okay=False))
 @click.option("--keep-ir", is_flag=True, help="Also keep the IR files.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the build's scratch dir here.")
 @click.option("--from-misses", "miss_logs", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Also compile the misses an overlay logged (kernelcache run --read-only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def build(arch, manifest_file, gpus, vocabs, dtypes, max_num_seqs, paths, mode, jobs, output_dir, keep_ir, workdir,
-          miss_logs, as_json) -> None:
+def build(arch, recipe, overrides, mode, jobs, output_dir, keep_ir, workdir, miss_logs, as_json) -> None:
     """Run vLLM's sampler paths for ARCH and write one bundle per GPU profile."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -333,25 +327,13 @@ def build(arch, manifest_file, gpus, vocabs, dtypes, max_num_seqs, paths, mode, 
                 tasks[label] = bar.add_task(f"exercising {label}", total=total)
             bar.update(tasks[label], completed=done)
 
-        result = do_build(arch, manifest_file, list(gpus) or None, list(vocabs) or None, list(dtypes) or None,
-                          max_num_seqs, list(paths) or None, mode, jobs, output_dir, keep_ir, workdir,
-                          progress=progress, from_misses=list(miss_logs))
+        result = do_build(arch, recipe, overrides, mode=mode, jobs=jobs, output_dir=output_dir, keep_ir=keep_ir,
+                          workdir=workdir, progress=progress, from_misses=list(miss_logs))
     if as_json:
-        _json([_build_json(t) for t in result.targets])
+        _json([t.to_dict() for t in result.targets])
         return
     for target in result.targets:
         _build_summary(target)
-
-
-def _build_json(target) -> dict:
-    return {"arch": target.target.arch, "sm_count": target.target.sm_count, "mode": target.target.mode,
-            "seconds": target.seconds, "compiles": target.compiles, "compile_seconds": target.compile_seconds,
-            "coverage": target.coverage,
-            "bundles": [{"path": str(b.path), "digest": b.digest, "size": b.path.stat().st_size,
-                         "gpu": b.manifest.target.gpu, "kernels": len(b.manifest.kernels),
-                         "modules": len(b.manifest.modules),
-                         "flashinfer": [{"name": m.name, "archs": list(m.archs)} for m in b.manifest.flashinfer]}
-                        for b in target.bundles]}
 
 
 def _build_summary(target) -> None:
@@ -405,17 +387,9 @@ def capture(output: str, keep_ir: bool, arch: str | None, command: tuple[str, ..
 @main.command()
 @click.argument("bundle", required=False, type=click.Path(exists=True, dir_okay=False))
 @cache_dir_option
-@click.option("--manifest", "manifest_file", type=click.Path(dir_okay=False), default=None,
-              help="Exercise this build manifest instead of the plan recorded in the bundle.")
-@click.option("--gpu", "gpus", multiple=True)
-@click.option("--vocab", "vocabs", multiple=True, type=int)
-@click.option("--dtype", "dtypes", multiple=True)
-@click.option("--max-num-seqs", type=int, default=None)
-@click.option("--path", "paths", multiple=True)
-@click.option("--mode", type=click.Choice(["auto", "cross", "native"]), default="auto", show_default=True)
-@click.option("--jobs", type=click.IntRange(min=1), default=None)
+@plan_options("Exercise this build recipe instead of the plan recorded in the bundle.")
 @click.option("--json", "as_json", is_flag=True)
-def verify(bundle, cache_dir, manifest_file, gpus, vocabs, dtypes, max_num_seqs, paths, mode, jobs, as_json) -> None:
+def verify(bundle, cache_dir, recipe, overrides, mode, jobs, as_json) -> None:
     """Run the bundle's vLLM paths against the installed cache; exit non-zero on any compile.
 
     Also exits non-zero when nothing was verified (the plan selects no task) and when a bundled FlashInfer
@@ -423,8 +397,7 @@ def verify(bundle, cache_dir, manifest_file, gpus, vocabs, dtypes, max_num_seqs,
     from .verify import verify as do_verify
 
     _terminate_cleanly()  # verify installs only into its own scratch cache
-    report = do_verify(bundle, cache_dir, manifest_file, list(gpus) or None, list(vocabs) or None,
-                       list(dtypes) or None, max_num_seqs, list(paths) or None, mode, jobs)
+    report = do_verify(bundle, cache_dir, recipe, overrides, mode=mode, jobs=jobs)
     if as_json:
         _json(report.to_dict())
     else:
@@ -470,9 +443,7 @@ def push(bundles: tuple[str, ...], reference: str, as_json: bool) -> None:
 
     result = do_push(list(bundles), reference)
     if as_json:
-        _json({"index": result.index, "index_digest": result.index_digest, "variants": list(result.variants),
-               "pushed": [{"bundle": str(p.bundle), "reference": p.reference, "digest": p.digest}
-                          for p in result.pushed]})
+        _json(result.to_dict())
         return
     for item in result.pushed:
         out.print(f"pushed {item.bundle.name} -> {item.reference} ({item.digest[:19]})", markup=False)
@@ -495,8 +466,7 @@ def pull(reference: str, output_dir: str, arch: str | None, gpu: str | None, eve
 
     landed = do_pull(reference, output_dir, arch=arch, gpu=gpu, every=every)
     if as_json:
-        _json([{"path": str(x.path), "digest": x.digest, "sha256": x.sha256, "size": x.size,
-                "arch": x.manifest.target.arch, "gpu": x.manifest.target.gpu} for x in landed])
+        _json([x.to_dict() for x in landed])
         return
     for x in landed:
         target = x.manifest.target

@@ -19,8 +19,8 @@ class UsageError(KernelcacheError):
     exit_code = 2
 
 
-class ManifestFileError(KernelcacheError):
-    """A build manifest under cache-manifests/ (TOML) is malformed or names an unknown key."""
+class RecipeError(KernelcacheError):
+    """A build recipe under cache-manifests/ (TOML) is malformed or names an unknown key."""
 
     exit_code = 3
 
@@ -111,6 +111,12 @@ class BaseUnusable(KernelcacheError):
     """The read-only base given to --read-only is not a complete installed cache."""
 
     exit_code = 41
+
+
+class ReadOnlyCache(KernelcacheError):
+    """The cache dir cannot be written and no overlay was asked for: Triton would crash on its first miss."""
+
+    exit_code = 42
 
 
 class CompilesDetected(KernelcacheError):

@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .bundle.manifest import Kernel, Member, Module
-from .exercise import listener
+from .exercise.listener import CompileRecord
 
 KEY_PATTERN = re.compile(r"[A-Z2-7]{52}")
 BINARY_SUFFIXES = (".cubin", ".hsaco")
@@ -50,9 +51,11 @@ class Harvest:
         return [e for e in self.entries if e.kind == "kernel"]
 
 
-def harvest(cache_dir: str | os.PathLike, compile_log: str | None = None, keep_ir: bool = False) -> Harvest:
+def harvest(cache_dir: str | os.PathLike, compiles: Iterable[CompileRecord] = (), keep_ir: bool = False) -> Harvest:
+    """Every complete entry of ``cache_dir``; ``compiles`` (the listener's records) give each kernel's
+    signature and constexprs, which Triton's own files lack."""
     root = Path(cache_dir)
-    records = {r["key"]: r for r in listener.compiles(listener.read(compile_log))} if compile_log else {}
+    records = {r.key: r for r in compiles}
     result = Harvest()
     for name in sorted(os.listdir(root)):
         path = root / name
@@ -69,7 +72,7 @@ def harvest(cache_dir: str | os.PathLike, compile_log: str | None = None, keep_i
     return result
 
 
-def _harvest_dir(path: Path, record: dict | None, keep_ir: bool, result: Harvest) -> None:
+def _harvest_dir(path: Path, record: CompileRecord | None, keep_ir: bool, result: Harvest) -> None:
     files = sorted(p.name for p in path.iterdir() if p.is_file() and not p.is_symlink())
     for sub in sorted(p.name for p in path.iterdir() if p.is_dir()):
         result.skip(f"{path.name}/{sub}", "temporary directory of an interrupted write")
@@ -84,7 +87,7 @@ def _harvest_dir(path: Path, record: dict | None, keep_ir: bool, result: Harvest
         result.skip(path.name, "no group file: an incomplete write or not a kernel")
 
 
-def _harvest_kernel(path: Path, group: str, files: list[str], record: dict | None, keep_ir: bool,
+def _harvest_kernel(path: Path, group: str, files: list[str], record: CompileRecord | None, keep_ir: bool,
                     result: Harvest) -> None:
     name = group[len("__grp__"):-len(".json")]
     where = f"{path.name}/{group}"
@@ -118,10 +121,10 @@ def _harvest_kernel(path: Path, group: str, files: list[str], record: dict | Non
     result.entries.append(Entry("kernel", path.name, tuple(sorted(members, key=lambda m: m.path)), info))
 
 
-def _specialization(path: Path, name: str, record: dict | None) -> dict:
+def _specialization(path: Path, name: str, record: CompileRecord | None) -> dict:
     """Signature, constexprs and attrs: from the compile log, else the argument list of the IR."""
     if record is not None:
-        return {k: record.get(k) for k in ("signature", "constexprs", "attrs")}
+        return {"signature": record.signature, "constexprs": record.constexprs, "attrs": record.attrs}
     for suffix in (".source", ".ttir"):
         ir = path / f"{name}{suffix}"
         if ir.is_file():

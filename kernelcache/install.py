@@ -205,9 +205,28 @@ def install_if_present(digest: str, cache_dir: str | os.PathLike | None = None, 
 
 
 def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,
-            check_gpu: bool = True, limits: archive.Limits | None = None) -> InstallResult:
-    """Verify, check against this environment, and publish a bundle. Idempotent."""
-    return plan_install(bundle, cache_dir, force, check_gpu, limits).execute()
+            check_gpu: bool = True, limits: archive.Limits | None = None, arch: str | None = None,
+            gpu: str | None = None) -> InstallResult:
+    """Verify, check against this environment, and publish a bundle. Idempotent.
+
+    ``bundle`` is a file, a URL (``file://``, ``http(s)://``, ``s3://``, ...) or ``oci://HOST/REPO:TAG``;
+    ``arch`` / ``gpu`` pick the bundle from an OCI index and refuse a bundle built for anything else.
+    An ``oci://`` bundle already installed is found from two registry manifest reads, with no download.
+    """
+    from .remote import check_target, check_wanted, local_bundle
+
+    source: str | os.PathLike = bundle
+    if str(bundle).startswith("oci://"):
+        from .remote.oci import resolve_bundle
+
+        check_wanted(arch, gpu)  # a bad arch / gpu fails before the registry is asked
+        digest, source = resolve_bundle(str(bundle), arch, gpu)
+        result = install_if_present(digest, cache_dir, force, check_gpu, source=str(bundle),
+                                    accept=lambda manifest: check_target(manifest.target, arch, gpu, str(bundle)))
+        if result is not None:
+            return result
+    with local_bundle(source, arch=arch, gpu=gpu) as path:
+        return plan_install(path, cache_dir, force, check_gpu, limits).execute()
 
 
 # -- checks on what a bundle declares --------------------------------------------------------------

@@ -31,7 +31,6 @@ from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .build import BuildTarget, check_paths, exercise, vocab_tasks
 from .bundle.archive import read_manifest
 from .bundle.manifest import FlashInferModule, Manifest, arch_to_capability
 from .cachedir import STATE_DIR, CacheDir, resolve_cache_dir
@@ -42,10 +41,12 @@ from .errors import (
     NothingVerified,
     UsageError,
 )
-from .exercise import listener
+from .exercise.jobs import exercise
 from .install import install
-from .plan import manifest as plan_file
 from .plan.gpus import GpuProfile, visible_gpus
+from .plan.recipe import BuildPlan, PlanOverrides, load
+from .plan.targets import BuildTarget, check_paths
+from .plan.tasks import vocab_tasks
 
 
 @dataclass(frozen=True)
@@ -152,12 +153,13 @@ def _fi_problem(check: FlashInferCheck, root: Path) -> str:
 
 
 def verify(bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
-           manifest: str | os.PathLike | None = None, gpus: list[str] | None = None,
-           vocabs: list[int] | None = None, dtypes: list[str] | None = None, max_num_seqs: int | None = None,
-           paths: list[str] | None = None, mode: str = "auto", jobs: int | None = None) -> VerifyReport:
+           recipe: str | os.PathLike | None = None, overrides: PlanOverrides | None = None, *, mode: str = "auto",
+           jobs: int | None = None, **flags) -> VerifyReport:
     """Install ``bundle`` (into ``cache_dir`` or a fresh temp dir) or take an installed cache, and check it.
 
-    The report's ``failure()`` says whether the cache passed (the CLI exits with its code)."""
+    The plan is the one the bundle was built with, or ``recipe``'s; ``overrides`` (or the fields of
+    ``PlanOverrides`` as keywords) change it as ``build``'s flags do. The report's ``failure()`` says
+    whether the cache passed (the CLI exits with its code)."""
     scratch = Path(tempfile.mkdtemp(prefix="kernelcache-verify-"))
     try:
         if bundle is not None:
@@ -167,13 +169,13 @@ def verify(bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike
         else:
             root = resolve_cache_dir(cache_dir)
             bundle_manifest = _installed_manifest(root)
-        plan = _plan(bundle_manifest, manifest, gpus, vocabs, dtypes, max_num_seqs, paths)
+        plan = _plan(bundle_manifest, recipe, overrides or PlanOverrides(**flags))
         return _verify_plan(plan, bundle_manifest, root, scratch / "work", mode, jobs or os.cpu_count() or 1)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _verify_plan(plan: plan_file.BuildPlan, bundle: Manifest, root: Path, work: Path, mode: str,
+def _verify_plan(plan: BuildPlan, bundle: Manifest, root: Path, work: Path, mode: str,
                  jobs: int) -> VerifyReport:
     """The plan's Triton tasks (when it selects any), then the bundle's FlashInfer modules (when asked for)."""
     triton_plan = replace(plan, paths=tuple(p for p in plan.paths if p != "flashinfer"))
@@ -197,25 +199,25 @@ def _installed_manifest(root: Path) -> Manifest:
     return found[0].manifest
 
 
-def _plan(bundle: Manifest, manifest, gpus, vocabs, dtypes, max_num_seqs, paths) -> plan_file.BuildPlan:
+def _plan(bundle: Manifest, recipe, overrides: PlanOverrides) -> BuildPlan:
     """The plan the bundle was built with (flags or another manifest override it).
 
     A bundle of FlashInfer modules only needs no plan: verify checks its modules."""
-    if manifest is None and not bundle.build.plan and bundle.flashinfer and not bundle.kernels:
-        plan = plan_file.load().override(paths=["flashinfer"])
-    elif manifest is not None:
-        plan = plan_file.load(manifest)
+    if recipe is None and not bundle.build.plan and bundle.flashinfer and not bundle.kernels:
+        plan = load().override(paths=["flashinfer"])
+    elif recipe is not None:
+        plan = load(recipe)
     elif "merged_from" in (bundle.build.plan or {}):
-        raise UsageError("a merged bundle records no single build plan; pass --manifest (or the build flags) "
+        raise UsageError("a merged bundle records no single build plan; pass --recipe (or the build flags) "
                          "for what it should cover")
     elif bundle.build.plan:
         try:
-            plan = plan_file.BuildPlan.from_dict(bundle.build.plan)
+            plan = BuildPlan.from_dict(bundle.build.plan)
         except (KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"the bundle's recorded build plan is unreadable ({exc}); pass --manifest") from None
+            raise UsageError(f"the bundle's recorded build plan is unreadable ({exc}); pass --recipe") from None
     else:
-        raise UsageError("the bundle records no build plan (it was packed, not built); pass --manifest or flags")
-    return plan.override(gpus=gpus, vocabs=vocabs, dtypes=dtypes, max_num_seqs=max_num_seqs, paths=paths)
+        raise UsageError("the bundle records no build plan (it was packed, not built); pass --recipe or flags")
+    return plan.override(overrides)
 
 
 def _target(bundle: Manifest, mode: str) -> BuildTarget:
@@ -234,14 +236,13 @@ def _check(plan, target: BuildTarget, root: Path, work: Path, jobs: int) -> tupl
     """Run the plan's tasks against ``root``; the report and the cache keys the tasks asked for."""
     before = _snapshot(root)
     started = time.perf_counter()
-    _, records = exercise(plan, target, work, root, jobs)
-    jobs_run = [vocab_tasks(plan, v.size) for v in plan.vocabs]
+    run = exercise(plan, target, work, root, jobs)
     seconds = time.perf_counter() - started
     written = sorted(set(_snapshot(root)) - set(before))
-    compiles = listener.compiles(records)
-    calls, hits = Counter(r["name"] for r in compiles), Counter(r["name"] for r in compiles if r["cache_hit"])
+    compiles = run.log.compiles
+    calls, hits = Counter(r.name for r in compiles), Counter(r.name for r in compiles if r.cache_hit)
     kernels = tuple(KernelCount(n, calls[n], hits[n], calls[n] - hits[n]) for n in sorted(calls))
-    gcc = [r["name"] for r in records if r.get("event") == "gcc"]
+    gcc = list(run.log.gcc_builds)
     tolerated: list[str] = []
     if _generic_launcher():
         tolerated = [f"gcc build of {n} (Triton >= 3.7: keyed by install paths)" for n in gcc if n == "cuda_utils"]
@@ -249,8 +250,8 @@ def _check(plan, target: BuildTarget, root: Path, work: Path, jobs: int) -> tupl
         gcc = [n for n in gcc if n != "cuda_utils"]
         written = [f for f in written if not Path(f).name.startswith("cuda_utils")]
     report = VerifyReport(root, target.mode, target.arch, kernels, tuple(gcc), tuple(written), seconds,
-                          tuple(tolerated), tasks=sum(len(tasks) for tasks in jobs_run))
-    return report, {r["key"] for r in compiles}
+                          tuple(tolerated), tasks=run.tasks)
+    return report, {r.key for r in compiles}
 
 
 def _check_flashinfer(module: FlashInferModule, root: Path, mode: str) -> FlashInferCheck:
@@ -286,9 +287,9 @@ def _gpu_for(module: FlashInferModule) -> bool:
 
 def _arch_list(arch: str) -> str:
     """``sm90a`` -> ``9.0a``: how ``FLASHINFER_CUDA_ARCH_LIST`` names an arch."""
-    text = arch.removeprefix("sm_").removeprefix("sm")
-    digits = text.rstrip("af")
-    return f"{digits[:-1]}.{digits[-1]}{text[len(digits):]}"
+    capability = arch_to_capability(arch)
+    suffix = arch[-1] if arch[-1] in "af" else ""
+    return f"{capability // 10}.{capability % 10}{suffix}"
 
 
 def _cuda_runtime() -> str | None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh), then the main job: a real cross build of the default build manifest
+# Set up (scripts/setup.sh), then the main job: a real cross build of the default build recipe
 # (cache-manifests/vllm-sampler.toml: 8 vocab sizes, fp32/bf16/fp16, MRV1 + MRV2 + registry + FlashInfer)
 # for an H200 (sm_90, 132 SMs) on this CPU-only machine, then `inspect` and `verify` of the bundle.
 # Override with ARCH=sm_100 GPU=b200, or pass extra `kernelcache build` flags as arguments.

@@ -20,13 +20,13 @@ from conftest import clean_env, kc
 from kernelcache.bundle import archive
 from kernelcache.errors import (
     BaseUnusable,
-    ManifestFileError,
+    RecipeError,
     RemoteError,
     StorageError,
     UsageError,
 )
 
-USAGE, MANIFEST, STORAGE, BASE, REMOTE = (UsageError.exit_code, ManifestFileError.exit_code, StorageError.exit_code,
+USAGE, MANIFEST, STORAGE, BASE, REMOTE = (UsageError.exit_code, RecipeError.exit_code, StorageError.exit_code,
                                           BaseUnusable.exit_code, RemoteError.exit_code)
 BUILD = ("build", "--arch", "sm_90", "--gpu", "h200", "--vocab", "32768", "--dtype", "float32", "--path", "mrv2")
 

@@ -37,8 +37,8 @@ LAYERS = (
     ("bundle", ("kernelcache.bundle",)),
     ("build", ("kernelcache.build", "kernelcache.capture")),  # the build side's verbs: they only wire the above
     ("cachedir", ("kernelcache.cachedir",)),
+    ("remote", ("kernelcache.remote",)),  # transport: a bundle from a registry or a URL, verified on arrival
     ("install", ("kernelcache.install",)),
-    ("remote", ("kernelcache.remote",)),
     ("runtime", ("kernelcache.runtime",)),
     ("verify", ("kernelcache.verify",)),
     ("cli", ("kernelcache.cli", "kernelcache.__main__")),
@@ -62,7 +62,10 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
     """Every kernelcache module ``name`` imports, at the top or inside a function."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for block in [n for n in ast.walk(tree) if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]:
+        block.body = []  # imports for type checkers only never run
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
             target = ".".join([*base, node.module] if node.module else base)

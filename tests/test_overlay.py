@@ -19,7 +19,7 @@ from conftest import ROOT, TESTKERNELS, clean_env, kc, run_job, tree
 from mounts import read_only
 
 from kernelcache.cachedir import STATE_DIR
-from kernelcache.errors import BaseUnusable, StorageError, UsageError
+from kernelcache.errors import BaseUnusable, ReadOnlyCache, StorageError, UsageError
 from kernelcache.exercise.worker import Job
 from kernelcache.plan import misses
 from kernelcache.plan.tasks import Task
@@ -110,6 +110,22 @@ def test_without_the_overlay_plain_triton_fails_on_the_read_only_base(ro_base, t
     error = outcome["tasks"][0].get("error", "")
     assert not outcome["ok"], how
     assert "Read-only file system" in error or "Permission denied" in error, error
+
+
+def test_env_run_and_activate_refuse_a_read_only_cache_without_the_overlay(ro_base, tmp_path):
+    """The setup of the control above is refused before the engine starts: one line, exit 42, and
+    the way out (--read-only) named; with --read-only the same dir is served."""
+    base, behind, _ = ro_base
+    before = tree(behind)
+    for args in (("env", "--cache-dir", str(base)), ("run", "--cache-dir", str(base), "--", "true")):
+        done = kc(*args)
+        assert done.returncode == ReadOnlyCache.exit_code, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and "--read-only" in done.stderr
+    code = f"import kernelcache; kernelcache.activate({str(base)!r})"
+    api = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True)
+    assert "ReadOnlyCache" in api.stderr
+    assert kc("env", "--read-only", "--cache-dir", str(base), "--overlay", str(tmp_path / "ov")).returncode == 0
+    assert tree(behind) == before
 
 
 def test_a_sitecustomize_ahead_of_ours_degrades_honestly(ro_base, tmp_path):

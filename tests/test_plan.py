@@ -7,10 +7,10 @@ import re
 import pytest
 from conftest import kc
 
-from kernelcache.build import plan_targets
-from kernelcache.errors import ManifestFileError, UsageError
-from kernelcache.plan import manifest as plan_file
+from kernelcache.errors import RecipeError, UsageError
+from kernelcache.plan import recipe as plan_file
 from kernelcache.plan.gpus import PROFILES, VisibleGpu
+from kernelcache.plan.targets import plan_targets
 
 GOOD = """
 name = "small"
@@ -60,11 +60,11 @@ def test_round_trip_and_overrides(tmp_path):
 ])
 def test_bad_manifests_name_the_file_and_key(tmp_path, text, message):
     path = write(tmp_path, text)
-    with pytest.raises(ManifestFileError, match=re.escape(message)) as info:
+    with pytest.raises(RecipeError, match=re.escape(message)) as info:
         plan_file.load(path)
     assert str(path) in str(info.value)
-    done = kc("build", "--arch", "sm_90", "--manifest", str(path))
-    assert done.returncode == ManifestFileError.exit_code
+    done = kc("build", "--arch", "sm_90", "--recipe", str(path))
+    assert done.returncode == RecipeError.exit_code
     assert message.split("'")[1] in done.stderr if "'" in message else message in done.stderr
 
 

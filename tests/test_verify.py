@@ -13,7 +13,7 @@ from conftest import ROOT, kc
 from kernelcache.bundle import archive
 
 RECIPE = str(ROOT / "cache-manifests" / "vllm-sampler.toml")
-NOTHING = ("--manifest", RECIPE, "--gpu", "h200", "--path", "registry", "--path", "mrv1", "--dtype", "bfloat16")
+NOTHING = ("--recipe", RECIPE, "--gpu", "h200", "--path", "registry", "--path", "mrv1", "--dtype", "bfloat16")
 
 
 def test_a_plan_that_selects_no_task_fails_and_lists_every_bundled_kernel(bundle90):

@@ -233,6 +233,11 @@ class MergeResult:
     def digest(self) -> str:
         return bundle_digest(self.manifest)
 
+    def to_dict(self) -> dict:
+        return {"path": str(self.path), "digest": self.digest, "sources": list(self.sources), "added": self.added,
+                "kernels": len(self.manifest.kernels), "modules": len(self.manifest.modules),
+                "warnings": list(self.warnings)}
+
 
 def merge(a: str | os.PathLike, b: str | os.PathLike, output: str | os.PathLike) -> MergeResult:
     """One bundle with every kernel and module of A and B. Refuses what would not be one cache."""

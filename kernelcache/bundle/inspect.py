@@ -37,6 +37,10 @@ class BundleInfo:
             for name, ks in sorted(groups.items())
         ]
 
+    def to_dict(self) -> dict:
+        """The manifest, with the bundle's digest and compressed size (``kernelcache inspect --json``)."""
+        return {"digest": self.digest, "compressed_size": self.compressed_size, **self.manifest.to_dict()}
+
     @property
     def module_counts(self) -> dict[str, int]:
         counts: dict[str, int] = defaultdict(int)

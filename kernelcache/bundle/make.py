@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import UsageError
+from ..exercise.listener import ExerciseLog
 from ..harvest import Entry, Harvest, harvest, to_manifest_entries
 from .archive import bundle_digest, source_date_epoch, write
 from .fingerprint import local_environment
@@ -34,6 +35,13 @@ class PackResult:
     @property
     def digest(self) -> str:
         return bundle_digest(self.manifest)
+
+    def to_dict(self) -> dict:
+        m = self.manifest
+        return {"path": str(self.path), "digest": self.digest, "size": self.path.stat().st_size, "gpu": m.target.gpu,
+                "kernels": len(m.kernels), "modules": len(m.modules),
+                "flashinfer": [{"name": f.name, "archs": list(f.archs)} for f in m.flashinfer],
+                "skipped": list(self.skipped)}
 
 
 def make_bundle(output: str | os.PathLike, entries: list[Entry], target: Target, environment: Environment,
@@ -61,7 +69,8 @@ def _record(path: str, data: bytes, readers: dict, member) -> FileRecord:
 def pack(cache_dir: str | os.PathLike, output: str | os.PathLike, keep_ir: bool = False,
          compile_log: str | None = None, arch: str | None = None) -> PackResult:
     """Bundle an existing Triton cache directory, as filled by any run of this Triton."""
-    found = harvest(cache_dir, compile_log=compile_log, keep_ir=keep_ir)
+    compiles = ExerciseLog.read([compile_log]).compiles if compile_log else ()
+    found = harvest(cache_dir, compiles=compiles, keep_ir=keep_ir)
     entries, skipped = _select_arch(found, arch, Path(cache_dir))
     if not any(e.kind == "kernel" for e in entries):
         raise UsageError(f"{cache_dir} holds no complete Triton kernel to pack")

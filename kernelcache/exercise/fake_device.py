@@ -10,6 +10,18 @@ guard), nor copy host data to them. ``FakeCuda`` translates those few entry poin
 ops that FakeTensor does support, and turns host-to-device copies into empty device tensors of the
 same shape and dtype: values never matter here, only what Triton specializes on. Random draws
 on fakes drop their ``generator`` (CPU torch has no CUDA generator; the draw has no values).
+
+Layouts must be the GPU's own, since Triton specializes on every integer argument (``== 1``,
+``% 16 == 0``) and on pointer alignment: a stride that differs from eager torch's is a different
+cache key. FakeTensor computes layouts with torch's Python meta functions, and those differ from the
+C++ kernels eager CUDA runs wherever a dim has size 1: eager ``empty_like`` (and every op that
+allocates through it: ``*_like``, ``sort``, ...) keeps the input's strides when it is non-overlapping
+and dense, size-1 dims included, and TensorIterator's fast path does the same for elementwise ops;
+the meta functions recompute contiguous strides. So a ``[1, V]`` slice of a ``[1, V_padded]`` row,
+copied to fp32, has stride ``(V_padded, 1)`` on the GPU and ``(V, 1)`` under plain FakeTensor.
+``EagerLayout`` replays every op that allocates its outputs on real CPU tensors of the same layout
+(eager ATen's layout rules are the same code for CPU and CUDA) and gives the fake outputs the strides
+eager produced. Replays are cached by layout, so each distinct call runs once per process.
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
 
@@ -106,8 +119,92 @@ def setitem(tensor: torch.Tensor, index: Any, value: Any) -> None:
         aten.fill_.Scalar(target, value)
 
 
+def _layout(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ("T", tuple(value.shape), tuple(value.stride()), value.storage_offset(), value.dtype)
+    if isinstance(value, (list, tuple)):
+        return tuple(_layout(v) for v in value)
+    if isinstance(value, torch.device):
+        return "device"
+    return repr(value)
+
+
+def _real(value: Any) -> Any:
+    """A CPU tensor with the fake's size, strides, offset and dtype (values: zeros for integers, else any)."""
+    if isinstance(value, torch.Tensor):
+        extent = value.storage_offset() + sum((s - 1) * st for s, st in zip(value.shape, value.stride()) if s > 0) + 1
+        make = torch.empty if value.dtype.is_floating_point or value.dtype.is_complex else torch.zeros
+        base = make(extent if value.numel() else 0, dtype=value.dtype)
+        return base.as_strided(value.shape, value.stride(), value.storage_offset()) if value.numel() else \
+            torch.empty_strided(value.shape, value.stride(), dtype=value.dtype)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_real(v) for v in value)
+    if isinstance(value, torch.device):
+        return torch.device("cpu")
+    return value
+
+
+def _strides(out: Any) -> list:
+    tensors = out if isinstance(out, (tuple, list)) else (out,)
+    return [tuple(t.stride()) if isinstance(t, torch.Tensor) else None for t in tensors]
+
+
+class EagerLayout(TorchDispatchMode):
+    """Gives the outputs of fake ops the strides eager torch gives them (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache: dict = {}
+        self.replays = 0
+        self.corrected = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not _allocates(func, args):
+            return out
+        eager = self._eager_strides(func, args, kwargs)
+        if eager is None or len(eager) != len(_strides(out)):
+            return out
+        return self._restride(out, eager)
+
+    def _eager_strides(self, func, args, kwargs) -> list | None:
+        key = (func, _layout(args), _layout(tuple(sorted(kwargs.items()))))
+        if key not in self.cache:
+            self.cache[key] = _replay(func, args, kwargs)
+            self.replays += 1
+        return self.cache[key]
+
+    def _restride(self, out: Any, eager: list) -> Any:
+        tensors = list(out) if isinstance(out, (tuple, list)) else [out]
+        for i, (tensor, strides) in enumerate(zip(tensors, eager)):
+            if isinstance(tensor, torch.Tensor) and strides is not None and tuple(tensor.stride()) != strides:
+                tensors[i] = aten.empty_strided.default(tensor.shape, strides, dtype=tensor.dtype,
+                                                        device=tensor.device)
+                self.corrected += 1
+        return type(out)(tensors) if isinstance(out, (tuple, list)) else tensors[0]
+
+
+def _allocates(func, args) -> bool:
+    """A functional op with a tensor input: its outputs are fresh allocations whose layout it chooses."""
+    schema = func._schema
+    if func.is_view or schema.is_mutable or not any(isinstance(a, torch.Tensor) for a in args):
+        return False
+    return all(not r.alias_info for r in schema.returns)
+
+
+def _replay(func, args, kwargs) -> list | None:
+    """The output strides of ``func`` run eagerly on CPU tensors of the same layouts, or None if it cannot run."""
+    kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
+    try:
+        with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
+            return _strides(func(*_real(args), **_real(kwargs)))
+    except (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError):
+        return None
+
+
 @contextlib.contextmanager
 def fake_cuda():
-    """Inside: ``torch.empty(..., device="cuda")`` and friends make fake CUDA tensors."""
-    with FakeTensorMode(allow_non_fake_inputs=True), FakeCuda():
-        yield
+    """Inside: ``torch.empty(..., device="cuda")`` and friends make fake CUDA tensors with eager layouts."""
+    with FakeTensorMode(allow_non_fake_inputs=True), EagerLayout() as layout, FakeCuda():
+        yield layout

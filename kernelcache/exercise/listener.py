@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 LOG_ENV = "KERNELCACHE_COMPILE_LOG"
@@ -98,6 +99,40 @@ def append(path: str, record: dict) -> None:
             os.write(fd, line)
         finally:
             os.close(fd)
+
+
+@dataclass(frozen=True)
+class CompileRecord:
+    """One ``compile()`` call as the listener logged it: a disk hit (``cache_hit``) or a real compile."""
+
+    name: str
+    key: str  # the Triton cache dir the kernel lives in
+    cache_hit: bool
+    task: str | None = None  # the exercise task that asked for it
+    signature: dict | None = None
+    constexprs: dict | None = None
+    attrs: dict | None = None
+    compile_us: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CompileRecord:
+        return cls(str(data.get("name")), str(data["key"]), bool(data.get("cache_hit")), data.get("task"),
+                   data.get("signature"), data.get("constexprs"), data.get("attrs"), data.get("compile_us"))
+
+
+@dataclass(frozen=True)
+class ExerciseLog:
+    """What exercise processes logged: every compile() call and every gcc build of a helper module."""
+
+    compiles: tuple[CompileRecord, ...] = ()
+    gcc_builds: tuple[str, ...] = ()  # module names (__triton_launcher, cuda_utils)
+
+    @classmethod
+    def read(cls, paths) -> ExerciseLog:
+        """The logs at ``paths``, in order (torn last lines skipped), parsed once."""
+        records = [r for path in paths for r in read(str(path))]
+        return cls(tuple(CompileRecord.from_dict(r) for r in compiles(records)),
+                   tuple(str(r.get("name")) for r in records if r.get("event") == "gcc"))
 
 
 def compiles(records: list[dict]) -> list[dict]:

@@ -6,7 +6,9 @@ Each public function is one exercise task (see exercise/worker.py) and returns a
   top-k/top-p specialization vLLM itself enumerates for the config (vllm-cross-spike.md);
 * ``mrv1``: ``vllm.v1.sample.sampler.Sampler`` on the ``_dummy_sampler_run`` metadata, with a seeded
   generator (PR #41375's recipe: the ``forward_native`` Triton path) and, where FlashInfer is not
-  used, without;
+  used, without; on logits as the LM head returns them (padded to 64 columns and sliced, in each
+  model dtype), since the Triton top-k/top-p kernel takes the row stride: fp32 logits keep the padded
+  stride, bf16/fp16 ones are copied to fp32 by ``Sampler.forward`` (dense, except a single row);
 * ``mrv2``: Model Runner V2's seeded sampling sequence (temperature, min-p, ``apply_top_k_top_p``,
   fp32 ``gumbel_sample``) and its greedy / unprocessed sequence (``gumbel_sample`` on model-dtype
   logits), with the argument dtypes and layouts of ``v1/worker/gpu/sample/sampler.py``.
@@ -19,6 +21,7 @@ in native mode vLLM's real platform and real tensors are used and these function
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections import Counter
 from typing import Any
@@ -135,8 +138,8 @@ MODES = {"top_k": (True, False), "top_p": (False, True), "top_k_top_p": (True, T
 
 
 def mrv1(vocab: int, modes: list[str], batch_sizes: list[int] | None = None, max_batch: int | None = None,
-         seeded: bool = True, unseeded: bool = False) -> dict:
-    """``Sampler()(logits, metadata)`` as ``_dummy_sampler_run`` calls it, per batch size and mode."""
+         seeded: bool = True, unseeded: bool = False, dtypes: list[str] | None = None) -> dict:
+    """``Sampler()(logits, metadata)`` per batch size, mode and LM-head dtype (padded-row logits)."""
     import torch
     from vllm.v1.sample.sampler import Sampler
 
@@ -146,14 +149,14 @@ def mrv1(vocab: int, modes: list[str], batch_sizes: list[int] | None = None, max
     calls = Counter()
     with _device_scope():
         for batch in batch_sizes:
-            for mode in modes:
+            for mode, dtype in itertools.product(modes, dtypes or ["float32"]):
                 use_k, use_p = MODES[mode]
-                logits = torch.randn((batch, vocab), dtype=torch.float32, device="cuda")
                 metadata = _mrv1_metadata(batch, vocab, use_k, use_p)
                 for with_seed in ([True] if seeded else []) + ([False] if unseeded else []):
                     generators = {0: _generator(seed=0)} if with_seed else {}
+                    logits = _model_logits(batch, vocab, getattr(torch, dtype))
                     sampler(logits=logits, sampling_metadata=_replace(metadata, generators=generators))
-                    calls[f"{mode}{':seeded' if with_seed else ''}"] += 1
+                    calls[f"{mode}:{dtype}{':seeded' if with_seed else ''}"] += 1
     return {"forward": sampler.topk_topp_sampler.forward.__name__, "batch_sizes": batch_sizes, "calls": dict(calls)}
 
 

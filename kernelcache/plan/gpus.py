@@ -26,7 +26,9 @@ class GpuProfile:
 
     @property
     def capability(self) -> int:
-        return int(self.arch.removeprefix("sm_"))
+        from ..bundle.manifest import arch_to_capability
+
+        return arch_to_capability(self.arch)
 
 
 # SM counts from NVIDIA's product briefs / whitepapers (multiprocessor count as CUDA reports it).

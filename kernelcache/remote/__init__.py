@@ -37,7 +37,7 @@ def pull(ref: str, output_dir: str | os.PathLike = ".", arch: str | None = None,
     """Download the bundle(s) ``ref`` names into ``output_dir``, verified, under their own names."""
     if not is_remote(ref):
         raise UsageError(f"{ref} is not a URL or oci:// reference; pull fetches remote bundles")
-    _check_wanted(arch, gpu)  # a bad --arch / --gpu fails before anything is downloaded
+    check_wanted(arch, gpu)  # a bad --arch / --gpu fails before anything is downloaded
 
     def accept(manifest: Manifest) -> None:  # before the download takes its name (remote/transfer.py)
         if not every:
@@ -55,7 +55,7 @@ def pull(ref: str, output_dir: str | os.PathLike = ".", arch: str | None = None,
     return pull_url(ref, output_dir, verify_members=verify_members, accept=accept)
 
 
-def _check_wanted(arch: str | None, gpu: str | None) -> None:
+def check_wanted(arch: str | None, gpu: str | None) -> None:
     if gpu is not None:
         from ..plan.gpus import profile
 
@@ -73,25 +73,6 @@ def fetch(ref: str | os.PathLike, dest_dir: str | os.PathLike, arch: str | None 
             check_target(read_manifest(path).target, arch, gpu, str(ref))
         return path
     return pull(str(ref), dest_dir, arch=arch, gpu=gpu, verify_members=verify_members)[0].path
-
-
-def already_installed(ref: str | os.PathLike, cache_dir: str | os.PathLike | None, force: bool = False,
-                      check_gpu: bool = True, arch: str | None = None, gpu: str | None = None):
-    """(the no-op ``InstallResult`` or ``None``, the reference to download otherwise).
-
-    For ``oci://`` the bundle the reference picks is looked up in ``cache_dir`` with two manifest reads
-    and no blob; an installed one is checked against this environment from its receipt. The reference
-    returned is then pinned to the manifest digest that was read. Anything else is returned as given."""
-    if not str(ref).startswith("oci://"):
-        return None, ref
-    from ..install import install_if_present
-    from .oci import resolve_bundle
-
-    _check_wanted(arch, gpu)
-    digest, pinned = resolve_bundle(str(ref), arch, gpu)
-    result = install_if_present(digest, cache_dir, force, check_gpu, source=str(ref),
-                                accept=lambda manifest: check_target(manifest.target, arch, gpu, str(ref)))
-    return result, pinned
 
 
 @contextmanager

@@ -177,6 +177,11 @@ class PushResult:
     index_digest: str
     variants: tuple[str, ...]  # every variant the index lists now
 
+    def to_dict(self) -> dict:
+        return {"index": self.index, "index_digest": self.index_digest, "variants": list(self.variants),
+                "pushed": [{"bundle": str(p.bundle), "reference": p.reference, "digest": p.digest}
+                           for p in self.pushed]}
+
 
 def push(bundles: str | os.PathLike | Sequence[str | os.PathLike], reference: str) -> PushResult:
     """Push bundles (one per variant) under ``TAG-<variant>`` and rebuild the index at ``TAG``."""

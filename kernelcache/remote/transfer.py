@@ -43,6 +43,10 @@ class Landed:
     def digest(self) -> str:
         return archive.bundle_digest(self.manifest)
 
+    def to_dict(self) -> dict:
+        return {"path": str(self.path), "digest": self.digest, "sha256": self.sha256, "size": self.size,
+                "arch": self.manifest.target.arch, "gpu": self.manifest.target.gpu}
+
 
 def safe_name(name: str | None, fallback: str) -> str:
     """A plain file name (no directories, no odd characters) for what a remote calls the bundle."""

@@ -13,10 +13,11 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..cachedir import recover, resolve_cache_dir
-from ..errors import AlreadyActivated, UsageError
+from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
 from ..install import InstallResult, install
 from . import flashinfer
 
@@ -29,6 +30,48 @@ def environment(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
     return variables
 
 
+@dataclass(frozen=True)
+class CacheEnvironment:
+    """The variables that point Triton (and FlashInfer) at a cache, and what was noticed on the way."""
+
+    variables: dict[str, str]
+    read_only: bool = False
+    warnings: tuple[str, ...] = ()
+
+    def exports(self) -> str:
+        return shell_exports(self.variables)
+
+    def to_dict(self) -> dict:
+        return {"variables": dict(self.variables), "read_only": self.read_only, "warnings": list(self.warnings)}
+
+
+def env(cache_dir: str | os.PathLike | None = None, *, read_only: bool = False,
+        base: str | os.PathLike | None = None, overlay: str | os.PathLike | None = None,
+        miss_log: str | os.PathLike | None = None) -> CacheEnvironment:
+    """The environment for an installed cache (``kernelcache env``): interrupted installs finished first.
+
+    ``read_only``: serve hits from the read-only installed cache ``base`` (default: ``cache_dir``) and
+    compile misses into the writable ``overlay``, logging each to ``miss_log`` (runtime/overlay.py).
+    """
+    if not read_only:
+        _no_overlay_options(base, overlay, miss_log)
+        return CacheEnvironment(prepare(None, cache_dir)[1])
+    if base is not None and cache_dir is not None:
+        raise UsageError("give the read-only cache as --base or as --cache-dir, not both")
+    from .overlay import prepare_overlay
+
+    setup = prepare_overlay(base if base is not None else cache_dir, overlay, miss_log)
+    warnings = () if setup.bundles else (f"{setup.base} holds no kernelcache install receipt; serving it as a plain "
+                                         "Triton cache",)
+    return CacheEnvironment(setup.environment(), True, warnings)
+
+
+def _no_overlay_options(base, overlay, miss_log) -> None:
+    given = [flag for flag, value in (("--base", base), ("--overlay", overlay), ("--miss-log", miss_log)) if value]
+    if given:
+        raise UsageError(f"{', '.join(given)} only make sense with --read-only")
+
+
 def shell_exports(variables: dict[str, str]) -> str:
     return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in variables.items())
 
@@ -38,9 +81,25 @@ def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | Non
     """Install ``bundle`` if given (a no-op when already there), finish interrupted installs."""
     result = install(bundle, cache_dir, force=force) if bundle is not None else None
     root = result.cache_dir if result else resolve_cache_dir(cache_dir)
-    if root.is_dir() and os.access(root, os.W_OK):
+    refuse_read_only(root)
+    if root.is_dir():
         recover(root)
     return result, environment(root)
+
+
+def refuse_read_only(root: Path) -> None:
+    """A read-only cache dir without the overlay is a crash waiting for the first miss: refuse it.
+
+    Triton's ``FileCacheManager`` creates the entry directory of every key it looks up, hit or miss,
+    when the key is not there, so one key the bundle lacks raises ``OSError: [Errno 30] Read-only
+    file system`` inside the engine (triton/runtime/cache.py). ``--read-only`` serves the same dir
+    through an overlay that writes misses elsewhere.
+    """
+    if root.is_dir() and not os.access(root, os.W_OK):
+        raise ReadOnlyCache(
+            f"{root} is read-only: Triton would crash the engine on its first cache miss (EROFS); "
+            "use --read-only to serve it with a writable overlay for misses"
+        )
 
 
 def activate(*, bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
@@ -70,12 +129,24 @@ def activate(*, bundle: str | os.PathLike | None = None, cache_dir: str | os.Pat
 
 
 def run(command: Sequence[str], bundle: str | os.PathLike | None = None,
-        cache_dir: str | os.PathLike | None = None, force: bool = False) -> None:
-    """Install if needed, then replace this process with ``command`` in the cache's environment."""
+        cache_dir: str | os.PathLike | None = None, force: bool = False, *, read_only: bool = False,
+        base: str | os.PathLike | None = None, overlay: str | os.PathLike | None = None,
+        miss_log: str | os.PathLike | None = None) -> CacheEnvironment:
+    """Install ``bundle`` if given, then replace this process with ``command`` in the cache's environment.
+
+    ``read_only`` and its options are ``env``'s; they serve an installed cache, so they take no bundle.
+    Returns only when ``command`` cannot be run (it raises then)."""
     if not command:
         raise UsageError("nothing to run: give a command after --")
-    _, variables = prepare(bundle, cache_dir, force)
-    exec_command(command, variables)
+    if read_only:
+        if bundle is not None:
+            raise UsageError("--read-only serves an installed cache; install --bundle into it first")
+        found = env(cache_dir, read_only=True, base=base, overlay=overlay, miss_log=miss_log)
+    else:
+        _no_overlay_options(base, overlay, miss_log)
+        found = CacheEnvironment(prepare(bundle, cache_dir, force)[1])
+    exec_command(command, found.variables)
+    return found
 
 
 def exec_command(command: Sequence[str], variables: dict[str, str]) -> None:

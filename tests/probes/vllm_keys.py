@@ -70,6 +70,13 @@ registry.warmup()
 
 batches = sorted(set(range(1, 70)) | {100, max_num_seqs})
 sampler = Sampler()
+padded = -(-vocab // 64) * 64  # the LM head's rows are padded to 64 columns, then sliced to the vocab
+
+
+def lm_head(b, dtype):
+    return torch.empty((b, padded), dtype=dtype, device="cuda")[:, :vocab]
+
+
 with fake_cuda():
     for b in batches:
         for use_k, use_p in ((True, False), (False, True), (True, True)):
@@ -82,9 +89,9 @@ with fake_cuda():
                 frequency_penalties=full(0.1), presence_penalties=full(0.1), repetition_penalties=full(0.1),
                 output_token_ids=[[] for _ in range(b)], spec_token_ids=[[] for _ in range(b)],
                 allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=LogitsProcessors())
-            sampler(logits=torch.empty((b, vocab), device="cuda"), sampling_metadata=md)
+            sampler(logits=lm_head(b, torch.float32), sampling_metadata=md)
             # MRV2 seeded: fp32 copy, temperature, min-p, top-k/top-p, Gumbel (v1/worker/gpu/sample/sampler.py)
-            logits = torch.empty((b, vocab), dtype=torch.float32, device="cuda")
+            logits = torch.empty_like(lm_head(b, torch.bfloat16), dtype=torch.float32)
             idx = torch.arange(b, dtype=torch.int64, device="cuda")
             temp = torch.full((max_num_seqs,), 0.7, dtype=torch.float32, device="cuda")
             apply_temperature(logits, idx, temp)

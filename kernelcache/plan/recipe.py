@@ -1,8 +1,9 @@
-"""Build manifests (``cache-manifests/*.toml``) -> a frozen, validated ``BuildPlan``.
+"""Build recipes (``cache-manifests/*.toml``) -> a frozen, validated ``BuildPlan``.
 
-A build manifest says which vLLM sampler paths to exercise, for which vocab sizes, logits dtypes,
-batch range and sampling modes, and for which GPU profiles. Every key is checked; an error names the
-file and the key. Command-line flags override the file (``BuildPlan.override``).
+A recipe says which vLLM sampler paths to exercise, for which vocab sizes, logits dtypes, batch range
+and sampling modes, and for which GPU profiles. Every key is checked; an error names the file and the
+key. ``PlanOverrides`` (the flags ``build`` and ``verify`` share) override the file. ("Manifest" only
+ever means a bundle's manifest.json; the folder keeps its historical name.)
 """
 
 from __future__ import annotations
@@ -19,19 +20,43 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from ..errors import ManifestFileError, UsageError
+from ..bundle.manifest import arch_to_capability, capability_to_arch
+from ..errors import RecipeError, UsageError
 from .gpus import PROFILES, GpuProfile
 
 PATHS = ("registry", "mrv1", "mrv2", "flashinfer")
 MODES = ("top_k", "top_p", "top_k_top_p")
 DTYPES = ("float32", "bfloat16", "float16")
-DEFAULT_MANIFEST = Path(__file__).resolve().parents[2] / "cache-manifests" / "vllm-sampler.toml"
+DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "cache-manifests" / "vllm-sampler.toml"
 
 
 @dataclass(frozen=True)
 class Vocab:
     size: int
     models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlanOverrides:
+    """What ``build`` and ``verify`` flags change in a recipe's plan; an empty or None field keeps the file's."""
+
+    gpus: tuple[str, ...] | None = None  # GPU profile names (--gpu)
+    vocabs: tuple[int, ...] | None = None  # vocab sizes (--vocab)
+    dtypes: tuple[str, ...] | None = None  # logits dtypes (--dtype): float32 for the processed paths
+    max_num_seqs: int | None = None  # vLLM max_num_seqs, the batch range (--max-num-seqs)
+    paths: tuple[str, ...] | None = None  # registry, mrv1, mrv2, flashinfer (--path)
+
+    def __post_init__(self) -> None:
+        for name in ("gpus", "vocabs", "dtypes", "paths"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, tuple(value) if value else None)
+
+    def to_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PlanOverrides:
+        return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -70,13 +95,14 @@ class BuildPlan:
     def for_arch(self, arch: str) -> tuple[GpuProfile, ...]:
         return tuple(g for g in self.gpus if g.arch == arch)
 
-    def override(self, gpus: list[str] | None = None, vocabs: list[int] | None = None,
-                 dtypes: list[str] | None = None, max_num_seqs: int | None = None,
-                 paths: list[str] | None = None) -> BuildPlan:
-        """Command-line flags over the file, checked like the file (a bad flag is a usage error)."""
+    def override(self, overrides: PlanOverrides | None = None, **flags: Any) -> BuildPlan:
+        """Command-line flags over the file, checked like the file (a bad flag is a usage error).
+
+        ``overrides`` or the same fields as keywords (``plan.override(paths=["mrv2"])``)."""
+        given = overrides or PlanOverrides(**flags)
         try:
-            return self._override(gpus, vocabs, dtypes, max_num_seqs, paths)
-        except ManifestFileError as exc:
+            return self._override(given.gpus, given.vocabs, given.dtypes, given.max_num_seqs, given.paths)
+        except RecipeError as exc:
             raise UsageError(str(exc)) from None
 
     def _override(self, gpus, vocabs, dtypes, max_num_seqs, paths) -> BuildPlan:
@@ -101,16 +127,16 @@ _VLLM_KEYS = {"paths", "max_num_seqs", "num_speculative_tokens", "modes", "seede
 
 
 def load(path: str | Path | None = None) -> BuildPlan:
-    """Read and validate a build manifest."""
-    file = Path(path) if path is not None else DEFAULT_MANIFEST
+    """Read and validate a recipe (the default: cache-manifests/vllm-sampler.toml)."""
+    file = Path(path) if path is not None else DEFAULT_RECIPE
     try:
         data = tomllib.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ManifestFileError(f"{file}: no such build manifest") from None
+        raise RecipeError(f"{file}: no such build recipe") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ManifestFileError(f"{file}: cannot read: {exc}") from None
+        raise RecipeError(f"{file}: cannot read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ManifestFileError(f"{file}: not valid TOML: {exc}") from None
+        raise RecipeError(f"{file}: not valid TOML: {exc}") from None
     return parse(data, str(file))
 
 
@@ -121,10 +147,10 @@ def parse(data: dict, where: str) -> BuildPlan:
     custom = _table(data.get("gpu", {}), "gpu", where)
     vocabs = data.get("vocab")
     if not isinstance(vocabs, list) or not vocabs:
-        raise ManifestFileError(f"{where}: 'vocab' must be a non-empty array of tables ([[vocab]])")
+        raise RecipeError(f"{where}: 'vocab' must be a non-empty array of tables ([[vocab]])")
     gpus = data.get("gpus")
     if not isinstance(gpus, list) or not gpus:
-        raise ManifestFileError(f"{where}: 'gpus' must be a non-empty list of GPU profile names")
+        raise RecipeError(f"{where}: 'gpus' must be a non-empty list of GPU profile names")
     return BuildPlan(
         name=_file_word(data.get("name", Path(where).stem), "name", where),
         paths=_choices(vllm.get("paths", list(PATHS)), PATHS, "vllm.paths", where),
@@ -145,12 +171,12 @@ def parse(data: dict, where: str) -> BuildPlan:
 def _known(table: dict, keys: set[str], prefix: str, where: str) -> None:
     for key in table:
         if key not in keys:
-            raise ManifestFileError(f"{where}: unknown key '{prefix}{key}' (known: {', '.join(sorted(keys))})")
+            raise RecipeError(f"{where}: unknown key '{prefix}{key}' (known: {', '.join(sorted(keys))})")
 
 
 def _table(value: Any, key: str, where: str) -> dict:
     if not isinstance(value, dict):
-        raise ManifestFileError(f"{where}: '{key}' must be a table")
+        raise RecipeError(f"{where}: '{key}' must be a table")
     return value
 
 
@@ -160,54 +186,62 @@ def _vocab(entry: Any, index: int, where: str) -> Vocab:
     _known(entry, {"size", "models"}, f"{key}.", where)
     models = entry.get("models", [])
     if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
-        raise ManifestFileError(f"{where}: '{key}.models' must be a list of strings")
+        raise RecipeError(f"{where}: '{key}.models' must be a list of strings")
     return Vocab(_positive(entry.get("size"), f"{key}.size", where), tuple(models))
 
 
 def _profile(name: Any, where: str, custom: dict) -> GpuProfile:
     if not isinstance(name, str):
-        raise ManifestFileError(f"{where}: GPU profile names must be strings, got {name!r}")
+        raise RecipeError(f"{where}: GPU profile names must be strings, got {name!r}")
     if name in custom:
         _file_word(name, f"gpu.{name}", where)
         spec = _table(custom[name], f"gpu.{name}", where)
         _known(spec, {"arch", "sm_count", "product"}, f"gpu.{name}.", where)
         arch = _string(spec.get("arch"), f"gpu.{name}.arch", where)
-        if not arch.startswith("sm_") or not arch[3:].isdigit():
-            raise ManifestFileError(f"{where}: 'gpu.{name}.arch' must look like sm_90, got {arch!r}")
+        if not _plain_arch(arch):
+            raise RecipeError(f"{where}: 'gpu.{name}.arch' must look like sm_90, got {arch!r}")
         return GpuProfile(name, arch, _positive(spec.get("sm_count"), f"gpu.{name}.sm_count", where),
                           str(spec.get("product", name)))
     if name.lower() not in PROFILES:
         known = ", ".join(sorted(PROFILES))
-        raise ManifestFileError(f"{where}: unknown GPU profile {name!r} (known: {known}; or define [gpu.{name}])")
+        raise RecipeError(f"{where}: unknown GPU profile {name!r} (known: {known}; or define [gpu.{name}])")
     return PROFILES[name.lower()]
+
+
+def _plain_arch(arch: str) -> bool:
+    """``sm_90``, exactly: what a GPU profile names (no ``a``/``f`` suffix, no bare number)."""
+    try:
+        return capability_to_arch(arch_to_capability(arch)) == arch
+    except ValueError:
+        return False
 
 
 def _choices(values: Any, allowed: tuple[str, ...], key: str, where: str) -> tuple[str, ...]:
     if isinstance(values, str):
         values = [values]
     if not isinstance(values, (list, tuple)) or not values:
-        raise ManifestFileError(f"{where}: '{key}' must be a non-empty list")
+        raise RecipeError(f"{where}: '{key}' must be a non-empty list")
     for value in values:
         if value not in allowed:
-            raise ManifestFileError(f"{where}: '{key}' has unknown value {value!r} (allowed: {', '.join(allowed)})")
+            raise RecipeError(f"{where}: '{key}' has unknown value {value!r} (allowed: {', '.join(allowed)})")
     return tuple(dict.fromkeys(values))
 
 
 def _positive(value: Any, key: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ManifestFileError(f"{where}: '{key}' must be a positive integer, got {value!r}")
+        raise RecipeError(f"{where}: '{key}' must be a positive integer, got {value!r}")
     return value
 
 
 def _natural(value: Any, key: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ManifestFileError(f"{where}: '{key}' must be a non-negative integer, got {value!r}")
+        raise RecipeError(f"{where}: '{key}' must be a non-negative integer, got {value!r}")
     return value
 
 
 def _bool(value: Any, key: str, where: str) -> bool:
     if not isinstance(value, bool):
-        raise ManifestFileError(f"{where}: '{key}' must be true or false, got {value!r}")
+        raise RecipeError(f"{where}: '{key}' must be true or false, got {value!r}")
     return value
 
 
@@ -218,13 +252,13 @@ def _file_word(value: Any, key: str, where: str) -> str:
     """Names that become part of a bundle's file name: one plain word, no path."""
     text = _string(value, key, where)
     if not _FILE_WORD.fullmatch(text):
-        raise ManifestFileError(f"{where}: '{key}' must be a plain name (letters, digits, . _ + -; it names the "
+        raise RecipeError(f"{where}: '{key}' must be a plain name (letters, digits, . _ + -; it names the "
                                 f"bundle file), got {text!r}")
     return text
 
 
 def _string(value: Any, key: str, where: str) -> str:
     if not isinstance(value, str) or not value:
-        raise ManifestFileError(f"{where}: '{key}' must be a non-empty string")
+        raise RecipeError(f"{where}: '{key}' must be a non-empty string")
     return value
 

@@ -1,0 +1,205 @@
+"""Running exercise processes: one ``Job`` per vocab size, ``--jobs`` at a time, results typed.
+
+Each exercise process (exercise/worker.py) gets a fresh ``TRITON_CACHE_DIR`` shared by the target's
+jobs, its own compile log, and a ``CC`` that makes gcc-built modules reproducible. What comes back is
+read once into typed records: a ``WorkerResult`` per process (task outcomes, the environment
+fingerprint it compiled under) and one ``ExerciseLog`` (every compile() call and gcc build).
+Ctrl-C or SIGTERM stops every running process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..bundle.manifest import Environment
+from ..errors import BuildFailed
+from ..plan.recipe import BuildPlan
+from ..plan.targets import BuildTarget
+from ..plan.tasks import SAMPLER, Task, vocab_tasks
+from .listener import ExerciseLog
+from .worker import Job
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    label: str
+    ok: bool
+    error: str | None = None
+    seconds: float = 0.0
+    summary: object = None
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    """What one exercise process reported (``<job>.json.result``, read here only)."""
+
+    ok: bool
+    tasks: tuple[TaskOutcome, ...]
+    launchers_initialised: int = 0
+    seconds: float = 0.0
+    environment: Environment | None = None  # the fingerprint it compiled under (None: Triton unusable)
+
+    @classmethod
+    def read(cls, path: Path) -> WorkerResult:
+        data = json.loads(path.read_text())
+        tasks = tuple(TaskOutcome(t.get("label", "?"), bool(t.get("ok")), t.get("error"), t.get("seconds", 0.0),
+                                  t.get("summary")) for t in data.get("tasks", ()))
+        env = data.get("environment")
+        return cls(bool(data.get("ok")), tasks, int(data.get("launchers_initialised") or 0),
+                   float(data.get("seconds") or 0.0), Environment(**env) if env else None)
+
+
+@dataclass(frozen=True)
+class ExerciseRun:
+    """Every exercise process of one target: their results, their merged log, how many tasks ran."""
+
+    results: tuple[WorkerResult, ...]
+    log: ExerciseLog
+    tasks: int = 0
+
+
+def _jobs(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: int,
+          extra_tasks: tuple[Task, ...]) -> list[tuple[str, Path, Job]]:
+    threads = str(max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(plan.vocabs)))))
+    env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_TRITON_JIT_WARMUP_NUM_THREADS": threads,
+           "TQDM_DISABLE": "1", **reproducible_cc(work)}
+    setup = ()
+    if target.mode == "cross":
+        product = target.profiles[0].product
+        setup = (Task(f"{SAMPLER}:setup_platform", {"capability": target.capability, "sm_count": target.sm_count,
+                                                     "product": product}, label="platform"),)
+    units = [(str(v.size), vocab_tasks(plan, v.size)) for v in plan.vocabs]
+    if extra_tasks:
+        units.append(("extra", tuple(extra_tasks)))
+    out = []
+    for name, tasks in units:
+        if not tasks:
+            continue
+        job_dir = work / "jobs" / name
+        job_dir.mkdir(parents=True, exist_ok=True)
+        out.append((name, job_dir, Job(cache_dir=str(cache), compile_log=str(job_dir / "compiles.jsonl"),
+                                       capability=target.capability, sm_count=target.sm_count, mode=target.mode,
+                                       tasks=tasks, env=env, setup=setup)))
+    return out
+
+
+_CC_WRAPPER = """#!/bin/sh
+# kernelcache: Triton builds its launchers and cuda_utils from a random temp dir ($1 is the source),
+# and cuda_utils.c's __FILE__ would put that dir in the .so; map it to "." so builds are reproducible.
+exec "$KERNELCACHE_REAL_CC" "$@" "-ffile-prefix-map=${1%/*}=."
+"""
+
+
+def reproducible_cc(work: Path) -> dict[str, str]:
+    """``CC`` for the exercise processes: the user's compiler (``CC``, else gcc, else clang) behind a
+    wrapper that maps Triton's temp source dir away, so the same inputs give byte-identical modules."""
+    real = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+    if not real:
+        return {}  # Triton's own "Failed to find C compiler" then says what to do
+    work.mkdir(parents=True, exist_ok=True)
+    wrapper = work / "cc"
+    wrapper.write_text(_CC_WRAPPER)
+    wrapper.chmod(0o755)
+    return {"CC": str(wrapper), "KERNELCACHE_REAL_CC": real}
+
+
+def run_job(job_dir: Path, job: Job) -> WorkerResult:
+    """Run one exercise process for ``job`` (its files in ``job_dir``); ``BuildFailed`` if a task failed."""
+    path = job_dir / "job.json"
+    path.write_text(job.to_json())
+    with open(job_dir / "worker.log", "w", encoding="utf-8") as log:
+        child = subprocess.Popen([sys.executable, "-m", "kernelcache.exercise.worker", str(path)],
+                                 stdout=log, stderr=subprocess.STDOUT, env=_worker_env())
+        _children.add(child)
+        try:
+            returncode = child.wait()
+        finally:
+            _children.discard(child)
+    if returncode in (-signal.SIGINT, -signal.SIGTERM, 130):
+        raise KeyboardInterrupt
+    result_file = job_dir / "job.json.result"
+    if not result_file.exists():
+        raise BuildFailed(f"exercise process for {job_dir.name} died (exit {returncode}); "
+                          f"see {job_dir / 'worker.log'}")
+    result = WorkerResult.read(result_file)
+    failed = [t for t in result.tasks if not t.ok]
+    if failed:
+        first = failed[0]
+        if "SIGINT" in str(first.error):  # Ctrl-C reached the worker's compiler first
+            raise KeyboardInterrupt
+        raise BuildFailed(f"{job_dir.name}: task {first.label} failed: {first.error} "
+                          f"(traceback in {result_file})")
+    return result
+
+
+_children: set[subprocess.Popen] = set()  # running exercise processes, stopped when the build is interrupted
+
+
+def _stop_children() -> None:
+    for child in list(_children):
+        child.terminate()
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("TRITON_CACHE_DIR", None)
+    env.pop("TRITON_CACHE_MANAGER", None)
+    return env
+
+
+def exercise(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: int,
+             extra_tasks: tuple[Task, ...] = (), progress=None) -> ExerciseRun:
+    """Run the plan's paths for one target into ``cache``, ``jobs`` processes at a time."""
+    units = _jobs(plan, target, work, cache, jobs, extra_tasks)
+    results = _run_jobs(units, target, jobs, progress)
+    cache.mkdir(parents=True, exist_ok=True)  # also when the plan has no Triton path (FlashInfer only)
+    log = ExerciseLog.read(job.compile_log for _, _, job in sorted(units, key=lambda u: str(u[1])))
+    return ExerciseRun(tuple(results), log, sum(len(job.tasks) for _, _, job in units))
+
+
+def _run_jobs(units, target: BuildTarget, jobs: int, progress) -> list[WorkerResult]:
+    done = 0
+    if progress:
+        progress(target.label, done, len(units))
+    results = []
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(run_job, job_dir, job) for _, job_dir, job in units]
+        try:
+            for future in futures:
+                results.append(future.result())
+                done += 1
+                if progress:
+                    progress(target.label, done, len(units))
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            _stop_children()
+            raise
+    return results
+
+
+def flashinfer_jit_module(plan: BuildPlan, target: BuildTarget, work: Path) -> tuple:
+    """The ``sampling`` module vLLM's FlashInfer path JIT-built on the visible GPU (native mode)."""
+    from . import flashinfer as fi_build
+
+    base = work / "flashinfer-jit"
+    job_dir = work / "jobs" / "flashinfer"
+    job_dir.mkdir(parents=True, exist_ok=True)
+    vocab = plan.vocabs[0].size
+    job = Job(cache_dir=str(work / "cache"), compile_log=str(job_dir / "compiles.jsonl"), capability=target.capability,
+              sm_count=target.sm_count, mode="native", prebuild=False,
+              tasks=(Task(f"{SAMPLER}:flashinfer", {"vocab": vocab}, label="flashinfer"),),
+              env={"FLASHINFER_WORKSPACE_BASE": str(base), "VLLM_USE_FLASHINFER_SAMPLER": "1"})
+    run_job(job_dir, job)
+    jit_dirs = sorted(base.glob(".cache/flashinfer/*/*/cached_ops"))
+    if not jit_dirs:
+        raise BuildFailed(f"vLLM's FlashInfer path built no JIT module under {base}")
+    return (fi_build.harvest_sampling(jit_dirs[0], target.arch),)

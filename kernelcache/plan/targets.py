@@ -1,0 +1,88 @@
+"""A plan's build targets for one arch, and whether this interpreter can run the plan's paths.
+
+Profiles with the same arch and SM count compile identical keys, so they share one ``BuildTarget``:
+one exercise run, one bundle per profile. A target is ``native`` when a GPU of the arch is visible
+(mode auto) and ``cross`` (behind the fake target) otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections import defaultdict
+from dataclasses import dataclass
+
+from ..bundle.fingerprint import package_version
+from ..bundle.manifest import arch_to_capability
+from ..errors import PathUnavailable, UsageError
+from .gpus import PROFILES, GpuProfile, VisibleGpu, profile_for
+from .recipe import BuildPlan
+
+REQUIRED_MODULES = {
+    "registry": ("vllm.model_executor.warmup.jit_warmup", "vLLM's JIT warmup registry"),
+    "mrv1": ("vllm.v1.sample.sampler", "the V1 (MRV1) Sampler"),
+    "mrv2": ("vllm.v1.worker.gpu.sample.gumbel", "Model Runner V2's Gumbel sampler"),
+    "flashinfer": ("flashinfer", "flashinfer-python"),
+}
+
+
+@dataclass(frozen=True)
+class BuildTarget:
+    arch: str
+    sm_count: int
+    profiles: tuple[GpuProfile, ...]
+    mode: str  # "cross" | "native"
+
+    @property
+    def capability(self) -> int:
+        return arch_to_capability(self.arch)
+
+    @property
+    def label(self) -> str:
+        return f"{self.arch}-{self.sm_count}sm"
+
+
+def check_paths(plan: BuildPlan) -> None:
+    """Say clearly when the installed vLLM (or FlashInfer) lacks a path the plan asks for."""
+    if importlib.util.find_spec("vllm") is None:
+        raise PathUnavailable("vLLM is not installed here; `kernelcache build` runs vLLM's own sampler code")
+    for path in plan.paths:
+        module, what = REQUIRED_MODULES[path]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            where = "installed" if path == "flashinfer" else f"in the installed vllm {package_version('vllm')}"
+            raise PathUnavailable(
+                f"the recipe asks for the '{path}' path but {what} ({module}) is not {where}; "
+                "drop it from vllm.paths or pass --path"
+            )
+
+
+def plan_targets(plan: BuildPlan, arch: str, mode: str, gpus: list[VisibleGpu]) -> list[BuildTarget]:
+    """The distinct (arch, SM count) builds, native when a GPU of the arch is visible (mode auto)."""
+    if mode not in ("auto", "cross", "native"):
+        raise UsageError(f"--mode must be auto, cross or native, got {mode!r}")
+    profiles = plan.for_arch(arch)
+    local = [g for g in gpus if g.arch == arch]
+    native = mode == "native" or (mode == "auto" and bool(local))
+    if native:
+        if not local:
+            raise UsageError(f"--mode native needs a visible {arch} GPU; none is visible (use --mode cross)")
+        gpu = local[0]
+        matching = tuple(p for p in profiles if p.sm_count == gpu.sm_count)
+        if profiles and not matching:
+            names = ", ".join(p.name for p in profiles)
+            raise UsageError(f"the visible {gpu.name} has {gpu.sm_count} SMs, which matches none of the requested "
+                             f"profiles ({names}); use --mode cross to build for them")
+        chosen = matching or (profile_for(gpu) or GpuProfile(f"local-{gpu.capability}", arch, gpu.sm_count, gpu.name),)
+        return [BuildTarget(arch, gpu.sm_count, chosen, "native")]
+    if not profiles:
+        known = ", ".join(sorted({p.arch for p in plan.gpus}))
+        fits = ", ".join(sorted(p.name for p in PROFILES.values() if p.arch == arch)) or "none is built in"
+        raise UsageError(f"the plan's GPU profiles are for {known}, not {arch}; pass --gpu with a profile of {arch} "
+                         f"({fits}) or define one in the recipe")
+    by_sm: dict[int, list[GpuProfile]] = defaultdict(list)
+    for p in profiles:
+        by_sm[p.sm_count].append(p)
+    return [BuildTarget(arch, sm, tuple(ps), "cross") for sm, ps in sorted(by_sm.items())]

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call on the H200: issue 15's fidelity sweep (scripts/gpu/fidelity_sweep.py) for the CPU-built
+# bundle in .carry/sweep/ over the vocab sizes it was built for. Results: $OUT/sweep.json, env.txt, logs.
+# Run from the repo root with carry [".carry"] (scripts/gpu/prepare_carry.sh makes the vLLM tree; build the
+# bundle on the CPU with the lab stack: see BENCHMARKS.md "Fidelity sweep" for the command).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+T=/tmp/kcs; rm -rf $T; mkdir -p $T
+python3 -c "import tarfile; tarfile.open('.carry/vllm-h200.tar.xz').extractall('$T/vx', filter='fully_trusted')"
+export PYTHONPATH=$PWD/scripts/gpu/site:$PWD:$T/vx/site:$T/vx/vllm PYTHONUNBUFFERED=1
+{ nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
+  python3 -c "import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__)"; } > $OUT/env.txt 2>&1
+bundle=$(ls .carry/sweep/*.tar.zst | head -1)
+vocabs=$(python3 -c "
+from kernelcache.bundle import archive
+print(' '.join(f'--vocab {v[\"size\"]}' for v in archive.read_manifest('$bundle').build.plan['vocabs']))")
+echo "$bundle $vocabs" >> $OUT/env.txt
+timeout ${SWEEP_TIMEOUT:-560} python3 scripts/gpu/fidelity_sweep.py --bundle "$bundle" $vocabs --work $T/sweep \
+  --parallel ${PARALLEL:-9} --out $OUT/sweep.json 2> $OUT/sweep.err
+echo "sweep rc=$?"
+umount $T/sweep/ro 2>/dev/null || true
+# Optional: a bundle built before the fix (.carry/sweep-prefix/), relocated but writable, to name what it lacked.
+for old in .carry/sweep-prefix/*.tar.zst; do
+  [ -f "$old" ] || continue
+  olds=$(python3 -c "
+from kernelcache.bundle import archive
+print(' '.join(f'--vocab {v[\"size\"]}' for v in archive.read_manifest('$old').build.plan['vocabs']))")
+  timeout ${PREFIX_TIMEOUT:-240} python3 scripts/gpu/fidelity_sweep.py --bundle "$old" $olds --work $T/prefix --writable \
+    --no-cold --parallel 4 --out $OUT/sweep-prefix.json 2> $OUT/sweep-prefix.err
+  echo "prefix sweep rc=$?"
+done
