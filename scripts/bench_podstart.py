@@ -14,6 +14,9 @@ interleave the sources, so a load that changes during the run weighs on each ali
 * ``run``, ``run-bundle``: ``run [--bundle B] --cache-dir D -- /bin/true``, reported as the time
   added to ``/bin/true`` run directly (``exec``), measured in the same rounds.
 
+``--parts`` also times, in fresh processes, what a first fingerprint is made of: the key (stat calls),
+``import triton``, ``triton_key()`` (hashing libtriton.so), the ptxas and variable lookups.
+
 Prints, per source and scenario, the median wall time, the interquartile range and min-max, and the
 median CPU time (user + sys of the process and its children), then the machine, load and versions.
 The GPU probe runs as it does for users (no KERNELCACHE_NO_GPU_PROBE).
@@ -122,6 +125,45 @@ def render(results: dict, runs: int) -> str:
     return "\n".join(lines) + f"\n\n{runs} runs per row."
 
 
+PARTS = r"""
+import json, time
+def clock():
+    return time.perf_counter(), time.process_time()
+def since(start):
+    wall, cpu = clock()
+    return {"wall": wall - start[0], "cpu": cpu - start[1]}
+parts, t = {}, clock()
+from kernelcache.bundle.envkey import environment_key
+environment_key()
+parts["key"] = since(t); t = clock()
+import triton
+from triton.runtime.cache import triton_key
+parts["import triton"] = since(t); t = clock()
+triton_key()
+parts["triton_key()"] = since(t); t = clock()
+from kernelcache.bundle.fingerprint import key_env_vars, ptxas_version
+ptxas_version("sm_90"), key_env_vars()
+parts["ptxas, variables"] = since(t)
+print(json.dumps(parts))
+"""
+
+
+def fingerprint_parts(source: Source, runs: int) -> str:
+    rows: dict[str, dict[str, list[float]]] = {}
+    for _ in range(runs):
+        done = subprocess.run([source.python, "-c", PARTS], env=source.env, capture_output=True, text=True)
+        for name, times in json.loads(done.stdout).items():
+            for kind, value in times.items():
+                rows.setdefault(name, {}).setdefault(kind, []).append(value)
+    lines = ["| part of a first fingerprint | median wall (ms) | min-max (ms) | median CPU (ms) |",
+             "| --- | --- | --- | --- |"]
+    for name, times in rows.items():
+        wall = summary(times["wall"])
+        lines.append(f"| {name} | {wall['median'] * 1e3:.0f} | {wall['min'] * 1e3:.0f}-{wall['max'] * 1e3:.0f} | "
+                     f"{statistics.median(times['cpu']) * 1e3:.0f} |")
+    return "\n".join(lines) + f"\n\n{runs} fresh processes ({source.label})."
+
+
 def machine(python: str) -> str:
     probe = ("import importlib.metadata as m, platform, json; v = {}\n"
              "for d in ('triton', 'torch', 'vllm', 'click', 'rich', 'zstandard'):\n"
@@ -139,6 +181,7 @@ def main() -> int:
     parser.add_argument("--source", action="append", default=[], help="LABEL=DIR (default: after=this tree)")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--parts", action="store_true", help="Also time the parts of a first fingerprint.")
     parser.add_argument("--json", type=Path, default=None, help="Also write every measurement here.")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kc-podstart-"))
@@ -150,6 +193,8 @@ def main() -> int:
         source.prepare()
     results = measure(sources, args.runs)
     print(render(results, args.runs))
+    if args.parts:
+        print(fingerprint_parts(sources[0], args.runs))
     print(f"after: {machine(args.python)}")
     print("sources: " + ", ".join(f"{s.label}={s.root} ({s.commit()})" for s in sources))
     print(f"bundle: {args.bundle} ({args.bundle.stat().st_size / 2**20:.1f} MiB)")

@@ -15,11 +15,14 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..cachedir import recover, resolve_cache_dir
 from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
-from ..install import InstallResult, install
 from . import flashinfer
+
+if TYPE_CHECKING:  # imported when a bundle is given: `env` and `run` without one never load the installer
+    from ..install import InstallResult
 
 
 def environment(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
@@ -79,7 +82,11 @@ def shell_exports(variables: dict[str, str]) -> str:
 def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | None, force: bool = False
             ) -> tuple[InstallResult | None, dict[str, str]]:
     """Install ``bundle`` if given (a no-op when already there), finish interrupted installs."""
-    result = install(bundle, cache_dir, force=force) if bundle is not None else None
+    result = None
+    if bundle is not None:
+        from ..install import install
+
+        result = install(bundle, cache_dir, force=force)
     root = result.cache_dir if result else resolve_cache_dir(cache_dir)
     refuse_read_only(root)
     if root.is_dir():
