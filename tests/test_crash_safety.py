@@ -21,6 +21,7 @@ What is checked after every kill (docs/RELIABILITY.md states the guarantee):
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -100,6 +101,9 @@ def fork_run(run, kill_at: int | None = None, kill_after: float | None = None,
 
 @pytest.fixture(scope="module")
 def subject(bundle90):
+    # The lock imports filelock on first use. Loaded here, in the parent, every forked child runs the same
+    # sequence of file-system events (the first recover() in the parent would load it otherwise).
+    importlib.import_module("filelock")
     manifest = archive.read_manifest(bundle90)
     return bundle90, manifest, expected_bytes(bundle90)
 
