@@ -56,9 +56,9 @@ def found(tmp: Path, name: str) -> list[dict]:
 
 
 def hostile_cases() -> str:
-    """The hostile-bundle row's count, from the corpus itself (tests/hostile.py)."""
+    """The hostile-bundle row's count, from the corpus itself (tests/helpers/hostile.py)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from hostile import CASES
+    from helpers.hostile import CASES
 
     by_code: dict[int, int] = {}
     for case in CASES:

@@ -8,63 +8,13 @@ cannot run there (vLLM missing, no mount rights, no registry server, no linter) 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from helpers.ci import pytest_make_collect_report, pytest_runtest_makereport, pytest_terminal_summary  # noqa: F401
-
-from kernelcache.exercise.worker import Job
-from kernelcache.plan.tasks import Task
-
-ROOT = Path(__file__).resolve().parents[1]
-
-TESTKERNELS = Task("kernelcache.exercise.testkernels:run", label="testkernels")
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """The test process's environment without Triton/kernelcache settings, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TRITON_", "KERNELCACHE_", "FLASHINFER_")) and k not in ("PTXAS_OPTIONS",)}
-    env.update(extra)
-    return env
-
-
-def run_job(workdir: Path, cache_dir: Path, capability: int, tasks=(TESTKERNELS,), sm_count: int = 132,
-            env: dict | None = None, prebuild: bool = True) -> tuple[dict, list[dict]]:
-    """Run one exercise worker; return its result and its compile log."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    log = workdir / "compiles.jsonl"
-    log.unlink(missing_ok=True)
-    job = Job(cache_dir=str(cache_dir), compile_log=str(log), capability=capability, sm_count=sm_count,
-              mode="cross", tasks=tuple(tasks), prebuild=prebuild)
-    path = workdir / "job.json"
-    path.write_text(job.to_json())
-    done = subprocess.run([sys.executable, "-m", "kernelcache.exercise.worker", str(path)],
-                          env=clean_env(**(env or {})), capture_output=True, text=True, timeout=900)
-    result = json.loads((workdir / "job.json.result").read_text())
-    assert done.returncode == 0, (done.stderr[-3000:], result)
-    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    records = [r for r in records if r.get("event", "compile") == "compile"]  # not the gcc builds
-    return result, records
-
-
-def kc(*args: str, env: dict | None = None, check: bool = False, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run the kernelcache CLI in a subprocess (as users do)."""
-    done = subprocess.run([sys.executable, "-m", "kernelcache", *args], env=clean_env(**(env or {})),
-                          capture_output=True, text=True, timeout=timeout)
-    if check:
-        assert done.returncode == 0, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
-    return done
-
-
-def tree(root: Path) -> dict[str, tuple[int, int]]:
-    """Every file under root with (size, mtime_ns), to prove nothing was written."""
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+from helpers.common import kc, run_job
+from helpers.fast import pytest_configure, pytest_ignore_collect  # noqa: F401
 
 
 @pytest.fixture(scope="session")
@@ -96,7 +46,7 @@ def sampling90(tmp_path_factory):
     ``build_sampling`` in its kept work dir then finds nothing to do and returns the module and members.
     KERNELCACHE_TEST_FLASHINFER_WORKDIR keeps a build dir between runs while developing; CI leaves it unset.
     """
-    from flashinfer_helpers import require_flashinfer
+    from helpers.flashinfer import require_flashinfer
 
     require_flashinfer()
     from kernelcache.exercise.flashinfer import build_sampling
@@ -115,6 +65,6 @@ def sampling90(tmp_path_factory):
 @pytest.fixture(scope="session")
 def small_bundle(bundle90, tmp_path_factory) -> Path:
     """Three real kernels and one launcher of ``bundle90``: quick to install many times over."""
-    from hostile import subset
+    from helpers.hostile import subset
 
     return subset(bundle90, tmp_path_factory.mktemp("small") / "small-sm_90.tar.zst")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, clean_env, kc
+from helpers.common import ROOT, clean_env, kc
 
 from kernelcache.bundle import archive
 

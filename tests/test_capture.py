@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from conftest import kc, run_job
+from helpers.common import kc, run_job
 
 from kernelcache.bundle import archive
 

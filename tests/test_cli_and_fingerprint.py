@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from conftest import clean_env, kc, run_job
+from helpers.common import clean_env, kc, run_job
 
 from kernelcache.bundle import archive
 from kernelcache.bundle.fingerprint import compare_gpu

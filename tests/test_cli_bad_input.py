@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import clean_env, kc
+from helpers.common import clean_env, kc
 
 from kernelcache.bundle import archive
 from kernelcache.errors import (

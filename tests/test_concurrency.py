@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
-from cachecheck import bundle_state, expected_bytes, leftovers
-from conftest import ROOT, clean_env
+from helpers.cachecheck import bundle_state, expected_bytes, leftovers
+from helpers.common import ROOT, clean_env
 
 from kernelcache.bundle import archive
 from kernelcache.cachedir import STATE_DIR, CacheDir
 from kernelcache.install import InstallPlan
 
-PROCS = Path(__file__).with_name("procs.py")
+PROCS = Path(__file__).parent / "helpers" / "procs.py"
 FOREIGN = "F" * 52
 
 

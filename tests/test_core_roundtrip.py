@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import kc, run_job, tree
+from helpers.common import kc, run_job, tree
 
 from kernelcache.bundle import archive
 from kernelcache.cachedir import STATE_DIR

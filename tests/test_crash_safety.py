@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cachecheck import bundle_state, expected_bytes, has_receipt, leftovers
+from helpers.cachecheck import bundle_state, expected_bytes, has_receipt, leftovers
 
 from kernelcache.bundle import archive
 from kernelcache.cachedir import recover
@@ -186,7 +186,7 @@ def test_kills_during_recovery_itself_still_converge(subject, tmp_path):
 
 def test_env_finishes_an_interrupted_install(subject, tmp_path):
     """The next kernelcache command of any kind rolls forward: here `kernelcache env`."""
-    from conftest import kc
+    from helpers.common import kc
 
     bundle, manifest, expected = subject
     _, dry = kill_points(subject, tmp_path)

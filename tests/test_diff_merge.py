@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from bundles import pack, pack_without, rewrite, tamper
-from conftest import kc, run_job, tree
+from helpers.bundles import pack, pack_without, rewrite, tamper
+from helpers.common import kc, run_job, tree
 
 from kernelcache.bundle import archive
 from kernelcache.bundle.compare import diff, fingerprint, merge

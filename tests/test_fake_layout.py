@@ -86,6 +86,8 @@ OPS = {
     "flatten_view": lambda x: x.view(-1) if x.is_contiguous() else x,
     "expand_as": lambda x: x[..., :1].expand_as(x),
     "transpose": lambda x: x.transpose(0, -1),
+    "cat": lambda x: torch.cat([x, x], dim=0),
+    "stack": lambda x: torch.stack([x, x], dim=1),
     "exponential_": lambda x: torch.empty_like(x, dtype=torch.float32).exponential_(),
     "div_exp": lambda x: x.float().div(torch.empty_like(x, dtype=torch.float32).exponential_()),
 }

@@ -16,8 +16,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import clean_env, kc
-from flashinfer_helpers import flashinfer_bundle, probe, require_flashinfer
+from helpers.common import clean_env, kc
+from helpers.flashinfer import flashinfer_bundle, probe, require_flashinfer
 
 from kernelcache.bundle.fingerprint import compare_flashinfer, package_version
 from kernelcache.bundle.manifest import Build, Environment, FlashInferModule, Manifest, Target

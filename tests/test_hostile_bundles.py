@@ -1,6 +1,6 @@
 """Hostile and broken bundles: each is refused with one line and its own exit code, and nothing is left.
 
-The corpus is in tests/hostile.py. Every case runs through the real ``kernelcache install`` command
+The corpus is in tests/helpers/hostile.py. Every case runs through the real ``kernelcache install`` command
 (click's runner, in this process, so 80 cases and 200 bit flips take seconds); one case per exit
 code also runs as a separate process, as users run it. After each refusal the test checks that the
 cache dir shows nothing new, that staging, journal and receipts are empty, and that nothing
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import zstandard
 from click.testing import CliRunner
-from conftest import kc, tree
-from hostile import CASES, Base, Case, flips, load_base
+from helpers.common import kc, tree
+from helpers.hostile import CASES, Base, Case, flips, load_base
+from helpers.hostile import bundle as hostile_bundle
 
 from kernelcache.bundle import archive
 from kernelcache.cachedir import STATE_DIR
@@ -68,7 +69,7 @@ def write_case(case: Case, base: Base, sandbox: Sandbox, path: Path) -> Path:
 def test_the_unmodified_base_installs(base, tmp_path):
     """The control: the same builder without a defect gives a bundle that installs."""
     sandbox = Sandbox(tmp_path)
-    bundle = write_case(Case("valid", BundleError, lambda b: __import__("hostile").bundle(b)), base, sandbox,
+    bundle = write_case(Case("valid", BundleError, lambda b: hostile_bundle(b)), base, sandbox,
                         tmp_path / "valid.tar.zst")
     result = sandbox.install(bundle)
     assert result.exit_code == 0, result.output

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TESTKERNELS, clean_env
+from helpers.common import TESTKERNELS, clean_env
 
 import kernelcache
 from kernelcache.errors import BuildFailed

@@ -18,6 +18,8 @@ from kernelcache.bundle.manifest import (
 )
 from kernelcache.errors import BundleManifestError
 
+pytestmark = pytest.mark.fast
+
 SHA = "0" * 64
 
 

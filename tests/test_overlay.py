@@ -1,7 +1,7 @@
 """Read-only base + writable overlay: hits from a really read-only installed cache, misses logged and replayed.
 
 The base is installed, then moved (so its group files name paths that no longer exist, as when an
-image layer is mounted elsewhere), then made read-only with a read-only bind mount (tests/mounts.py
+image layer is mounted elsewhere), then made read-only with a read-only bind mount (tests/helpers/mounts.py
 says what it falls back to where it cannot mount). Workers compile kernelcache's test kernels for
 sm_90 behind the fake target, through ``kernelcache_overlay`` as ``kernelcache env --read-only``
 sets it up.
@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TESTKERNELS, clean_env, kc, run_job, tree
-from mounts import read_only
+from helpers.common import ROOT, TESTKERNELS, clean_env, kc, run_job, tree
+from helpers.mounts import read_only
 
 from kernelcache.cachedir import STATE_DIR
 from kernelcache.errors import BaseUnusable, ReadOnlyCache, StorageError, UsageError
@@ -121,7 +121,7 @@ def test_env_run_and_activate_refuse_a_read_only_cache_without_the_overlay(ro_ba
         done = kc(*args)
         assert done.returncode == ReadOnlyCache.exit_code, (args, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1 and "--read-only" in done.stderr
-    code = f"import kernelcache; kernelcache.activate({str(base)!r})"
+    code = f"import kernelcache; kernelcache.activate(cache_dir={str(base)!r})"
     api = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True)
     assert "ReadOnlyCache" in api.stderr
     assert kc("env", "--read-only", "--cache-dir", str(base), "--overlay", str(tmp_path / "ov")).returncode == 0

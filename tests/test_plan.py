@@ -5,12 +5,14 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import kc
+from helpers.common import kc
 
 from kernelcache.errors import RecipeError, UsageError
 from kernelcache.plan import recipe as plan_file
 from kernelcache.plan.gpus import PROFILES, VisibleGpu
 from kernelcache.plan.targets import plan_targets
+
+pytestmark = pytest.mark.fast
 
 GOOD = """
 name = "small"

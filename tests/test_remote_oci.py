@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from bundles import pack, rewrite
-from conftest import clean_env, kc, run_job, tree
-from servers import free_port, htpasswd_line, registry
+from helpers.bundles import pack, rewrite
+from helpers.common import clean_env, kc, run_job, tree
+from helpers.servers import free_port, htpasswd_line, registry
 
 from kernelcache.bundle import archive
 from kernelcache.errors import ArchMismatch, FingerprintMismatch, IntegrityError, RemoteError, StorageError, UsageError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import clean_env
+from helpers.common import clean_env
 
 from kernelcache.errors import MissingDependency
 
@@ -17,6 +17,8 @@ class Block:
             raise ImportError('blocked: ' + name)
 sys.meta_path.insert(0, Block())
 import kernelcache, kernelcache.cli, kernelcache.remote, kernelcache.bundle.compare
+
+pytestmark = pytest.mark.fast
 sys.argv = ['kernelcache', *{argv!r}]
 kernelcache.cli.main()
 """

@@ -8,8 +8,8 @@ import json
 import shutil
 
 import pytest
-from conftest import kc, run_job, tree
-from servers import http_server
+from helpers.common import kc, run_job, tree
+from helpers.servers import http_server
 
 import kernelcache
 from kernelcache.bundle import archive

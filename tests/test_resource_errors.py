@@ -1,6 +1,6 @@
 """Disk full, permission denied, read-only target: a clean error, exit 40, and the cache as it was.
 
-Disk full is a real size-limited tmpfs (tests/mounts.py), at several sizes below what the bundle
+Disk full is a real size-limited tmpfs (tests/helpers/mounts.py), at several sizes below what the bundle
 needs, and one with too few inodes. A write failing midway is also shown without any mount, with
 RLIMIT_FSIZE in the child (EFBIG, "File too large": a per-file cap, so a stand-in for a failing
 write rather than for a full volume). Permission denied is real: root without its DAC capabilities
@@ -17,15 +17,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from cachecheck import bundle_state, expected_bytes, leftovers
 from click.testing import CliRunner
-from conftest import ROOT, clean_env, kc, tree
-from mounts import read_only, resize, tmpfs, without_dac
+from helpers.cachecheck import bundle_state, expected_bytes, leftovers
+from helpers.common import ROOT, clean_env, kc, tree
+from helpers.mounts import read_only, resize, tmpfs, without_dac
 
 from kernelcache.bundle import archive
 from kernelcache.cachedir import STATE_DIR
 from kernelcache.cli import main
-from kernelcache.errors import StorageError
+from kernelcache.errors import ReadOnlyCache, StorageError
 from kernelcache.install import entry_dirs
 
 FOREIGN = "F" * 52
@@ -160,7 +160,10 @@ def test_a_read_only_cache_that_already_holds_the_bundle_is_fine(bundle90, tmp_p
                                            "--no-gpu-check", "--json"])
         assert result.exit_code == 0, result.stderr
         assert json.loads(result.stdout)["action"] == "already-installed"
-        assert kc("env", "--cache-dir", str(tmp_path / "ro" / "cache"), check=True).stdout
+        # Serving it needs the overlay: plain env refuses a read-only cache (exit 42, ReadOnlyCache).
+        assert kc("env", "--cache-dir", str(tmp_path / "ro" / "cache")).returncode == ReadOnlyCache.exit_code
+        assert kc("env", "--read-only", "--cache-dir", str(tmp_path / "ro" / "cache"), "--overlay",
+                  str(tmp_path / "ov"), check=True).stdout
     assert tree(src / "cache") == before
 
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import clean_env, kc, run_job
+from helpers.common import clean_env, kc, run_job
 
 import kernelcache
 from kernelcache.errors import UsageError

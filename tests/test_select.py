@@ -8,6 +8,8 @@ from kernelcache.errors import ArchMismatch, UsageError
 from kernelcache.plan.gpus import VisibleGpu
 from kernelcache.remote.select import Candidate, choose
 
+pytestmark = pytest.mark.fast
+
 H200 = VisibleGpu(0, "NVIDIA H200", 90, 132)
 H100_PCIE = VisibleGpu(0, "NVIDIA H100 PCIe", 90, 114)
 B200 = VisibleGpu(0, "NVIDIA B200", 100, 148)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import ROOT, kc
+from helpers.common import ROOT, kc
 
 from kernelcache.bundle import archive
 

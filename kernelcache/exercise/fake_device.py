@@ -188,9 +188,15 @@ class EagerLayout(TorchDispatchMode):
 def _allocates(func, args) -> bool:
     """A functional op with a tensor input: its outputs are fresh allocations whose layout it chooses."""
     schema = func._schema
-    if func.is_view or schema.is_mutable or not any(isinstance(a, torch.Tensor) for a in args):
+    if func.is_view or schema.is_mutable or not any(_has_tensor(a) for a in args):
         return False
     return all(not r.alias_info for r in schema.returns)
+
+
+def _has_tensor(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_has_tensor(v) for v in value)
+    return isinstance(value, torch.Tensor)
 
 
 def _replay(func, args, kwargs) -> list | None:

@@ -162,7 +162,7 @@ def mrv2_chain(vocab: int, batch: int, mode: str, min_p: bool, dtype: str, mixed
 
     use_k, use_p = MODES[mode]
     state = _mrv2_state(batch, vocab, mixed)
-    mapping = torch.arange(batch, dtype=torch.int32, device="cuda")
+    mapping = torch.arange(batch, dtype=torch.int64, device="cuda")  # input_batch.py: idx_mapping
     pos = torch.arange(batch, dtype=torch.int64, device="cuda")
     logits = _logits(batch, vocab, dtype, seed=batch)
     processed = torch.empty_like(logits, dtype=torch.float32).copy_(logits)
@@ -181,7 +181,7 @@ def raw_gumbel(vocab: int, batch: int, dtype: str):
     from vllm.v1.worker.gpu.sample.gumbel import gumbel_sample
 
     state = _mrv2_state(batch, vocab, False)
-    mapping = torch.arange(batch, dtype=torch.int32, device="cuda")
+    mapping = torch.arange(batch, dtype=torch.int64, device="cuda")  # input_batch.py: idx_mapping
     pos = torch.arange(batch, dtype=torch.int64, device="cuda")
     return gumbel_sample(_logits(batch, vocab, dtype, seed=batch), mapping, state["temperature"], state["seeds"],
                          pos, apply_temperature=True, is_drafting=False)

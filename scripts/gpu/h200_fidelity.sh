@@ -29,3 +29,7 @@ print(' '.join(f'--vocab {v[\"size\"]}' for v in archive.read_manifest('$old').b
     --no-cold --parallel 4 --out $OUT/sweep-prefix.json 2> $OUT/sweep-prefix.err
   echo "prefix sweep rc=$?"
 done
+# First-call profile (issue 16): bundle vs plain warm cache, fresh processes, the first call under cProfile.
+timeout ${PROFILE_TIMEOUT:-200} python3 scripts/gpu/first_call_profile.py --bundle "$bundle" --vocab 128256 --runs 3 \
+  --out $OUT/first-call.json > $OUT/first-call.log 2>&1
+echo "profile rc=$?"

@@ -7,10 +7,10 @@ import hashlib
 import shutil
 from pathlib import Path
 
-from conftest import kc
-
 from kernelcache.bundle import archive
 from kernelcache.bundle.manifest import FileRecord
+
+from .common import kc
 
 
 def pack(cache: Path, out: Path, log: Path | None = None) -> Path:

@@ -1,4 +1,4 @@
-"""Processes the concurrency tests start: ``python tests/procs.py COMMAND ARGS...``.
+"""Processes the concurrency tests start: ``python tests/helpers/procs.py COMMAND ARGS...``.
 
 ``install BUNDLE CACHE GO``: warm up (imports, the Triton fingerprint), say so with a file
 ``GO.ready.<pid>``, wait until the file GO exists so that every process starts installing at once,
@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 def install(bundle: str, cache: str, go: str) -> int:
-    from cachecheck import bundle_state, expected_bytes
+    from helpers.cachecheck import bundle_state, expected_bytes
 
     from kernelcache.bundle import archive
     from kernelcache.bundle.fingerprint import local_environment
@@ -95,5 +95,6 @@ def lookup(manager, kernel, expected: dict[str, bytes], problems: list[str]) -> 
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the helpers package
     command, *args = sys.argv[1:]
     sys.exit({"install": install, "read": read}[command](*args))

@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
 
 from kernelcache import __version__
 from kernelcache.bundle.fingerprint import local_environment, package_version
 from kernelcache.bundle.make import make_bundle
 from kernelcache.bundle.manifest import Build, FlashInferModule, Target
+
+from .common import clean_env
 
 
 def require_flashinfer() -> None:

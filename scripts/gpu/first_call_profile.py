@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Where the first sampler call of a fresh process goes, with a bundle vs a plain warm Triton cache.
+
+Each run is a fresh process. Everything up to the first call is done before the clock: ``import torch``,
+CUDA init, the vLLM sampler imports and the inputs (scripts/bench_coldstart.py's scenarios, B=16). The
+first call then runs under cProfile; the result is its wall time, the second call's, the time spent in
+Triton's ``triton_key()`` (hashing libtriton) and in its driver's first initialisation, and the top
+functions by cumulative time. Modes: ``bundle`` (installed with kernelcache at a fresh path) and
+``warm`` (the Triton cache a cold process of the same scenario left, at its own path).
+
+    python scripts/gpu/first_call_profile.py --bundle B.tar.zst --vocab 100352 --runs 3 --out profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def child(scenario: str, vocab: int) -> dict:
+    import torch
+
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    from bench_coldstart import _scenario
+
+    step = _scenario(scenario, vocab)
+    import triton.runtime.cache as cache
+
+    spent = {"triton_key": 0.0}
+    original = cache.triton_key
+
+    def timed_key():
+        mark = time.perf_counter()
+        try:
+            return original()
+        finally:
+            spent["triton_key"] += time.perf_counter() - mark
+
+    cache.triton_key = timed_key
+    import triton.compiler.compiler as compiler
+
+    compiler.triton_key = timed_key
+    torch.cuda.synchronize()
+    profile = cProfile.Profile()
+    mark = time.perf_counter()
+    profile.enable()
+    step()
+    torch.cuda.synchronize()
+    profile.disable()
+    first = time.perf_counter() - mark
+    mark = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    second = time.perf_counter() - mark
+    return {"first_call": first, "second_call": second, "triton_key": spent["triton_key"], "top": _top(profile)}
+
+
+def _top(profile: cProfile.Profile, count: int = 30) -> list[dict]:
+    stats = pstats.Stats(profile, stream=io.StringIO())
+    rows = [{"function": f"{Path(file).name}:{line}:{name}", "calls": nc, "tottime": round(tt, 4),
+             "cumtime": round(ct, 4)} for (file, line, name), (_, nc, tt, ct, _) in stats.stats.items()]
+    return sorted(rows, key=lambda r: -r["cumtime"])[:count]
+
+
+def prepare(mode: str, scenario: str, vocab: int, bundle: str, root: Path) -> Path:
+    cache = Path(tempfile.mkdtemp(prefix=f"{mode}-{scenario}-", dir=root))
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    if mode == "bundle":
+        subprocess.run([sys.executable, "-m", "kernelcache", "install", bundle, "--cache-dir", str(cache)],
+                       check=True, env=env, capture_output=True)
+    else:  # a cold process fills the cache, as a plain warm Triton cache would be
+        subprocess.run([sys.executable, __file__, "--child", scenario, "--vocab", str(vocab)], check=True, env=env,
+                       capture_output=True)
+    return cache
+
+
+def run(mode: str, scenario: str, vocab: int, cache: Path) -> dict:
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    done = subprocess.run([sys.executable, __file__, "--child", scenario, "--vocab", str(vocab)], env=env,
+                          capture_output=True, text=True)
+    if done.returncode:
+        return {"mode": mode, "scenario": scenario, "error": done.stderr[-2000:]}
+    return {"mode": mode, "scenario": scenario, **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--child")
+    parser.add_argument("--bundle")
+    parser.add_argument("--vocab", type=int, default=100352)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", default="profile.json")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.vocab)))
+        return 0
+    root = Path(tempfile.mkdtemp(prefix="kc-profile-"))
+    pairs = [(m, s) for m in ("bundle", "warm") for s in ("mrv1", "mrv2")]
+    with ThreadPoolExecutor(4) as pool:
+        caches = dict(zip(pairs, pool.map(lambda p: prepare(*p, args.vocab, args.bundle, root), pairs)))
+    rows = []
+    for _ in range(args.runs):  # one process at a time: timings without neighbours
+        rows += [run(m, s, args.vocab, caches[(m, s)]) for m, s in pairs]
+    summary = [{"mode": m, "scenario": s, **{k: statistics.median(r[k] for r in rows if (r["mode"], r["scenario"])
+                == (m, s) and k in r) for k in ("first_call", "second_call", "triton_key")}} for m, s in pairs]
+    Path(args.out).write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

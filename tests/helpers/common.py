@@ -1,0 +1,59 @@
+"""What most tests share: the repository root, a clean environment, the CLI as users run it, one real
+exercise process, and a snapshot of a directory tree."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kernelcache.exercise.worker import Job
+from kernelcache.plan.tasks import Task
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TESTKERNELS = Task("kernelcache.exercise.testkernels:run", label="testkernels")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without Triton/kernelcache settings, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TRITON_", "KERNELCACHE_", "FLASHINFER_")) and k not in ("PTXAS_OPTIONS",)}
+    env.update(extra)
+    return env
+
+
+def run_job(workdir: Path, cache_dir: Path, capability: int, tasks=(TESTKERNELS,), sm_count: int = 132,
+            env: dict | None = None, prebuild: bool = True) -> tuple[dict, list[dict]]:
+    """Run one exercise worker; return its result and its compile log."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "compiles.jsonl"
+    log.unlink(missing_ok=True)
+    job = Job(cache_dir=str(cache_dir), compile_log=str(log), capability=capability, sm_count=sm_count,
+              mode="cross", tasks=tuple(tasks), prebuild=prebuild)
+    path = workdir / "job.json"
+    path.write_text(job.to_json())
+    done = subprocess.run([sys.executable, "-m", "kernelcache.exercise.worker", str(path)],
+                          env=clean_env(**(env or {})), capture_output=True, text=True, timeout=900)
+    result = json.loads((workdir / "job.json.result").read_text())
+    assert done.returncode == 0, (done.stderr[-3000:], result)
+    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    records = [r for r in records if r.get("event", "compile") == "compile"]  # not the gcc builds
+    return result, records
+
+
+def kc(*args: str, env: dict | None = None, check: bool = False, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run the kernelcache CLI in a subprocess (as users do)."""
+    done = subprocess.run([sys.executable, "-m", "kernelcache", *args], env=clean_env(**(env or {})),
+                          capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert done.returncode == 0, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
+    return done
+
+
+def tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under root with (size, mtime_ns), to prove nothing was written."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
