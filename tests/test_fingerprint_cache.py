@@ -17,7 +17,7 @@ import venv
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, clean_env, kc
+from helpers.common import ROOT, clean_env, kc
 
 from kernelcache.bundle.envkey import EnvironmentKey, KnownEnvironment, environment_key, key_candidates
 from kernelcache.bundle.fingerprint import package_version
