@@ -41,10 +41,14 @@ SCENARIOS = ("noop-install", "env", "cold-install", "run", "run-bundle")
 
 
 def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of the process tree) of one command, which must succeed."""
+    """(wall seconds, CPU seconds of the process tree) of one command, which must succeed.
+
+    It runs in the temp dir: ``python -m`` puts the working directory first on sys.path, so run from a
+    checkout it would import that checkout's kernelcache whatever PYTHONPATH says."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          cwd=tempfile.gettempdir())
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
@@ -82,6 +86,14 @@ class Source:
         if scenario == "run":
             return self.kc("run", "--cache-dir", installed, "--", "/bin/true")
         return self.kc("run", "--bundle", str(self.bundle), "--cache-dir", installed, "--", "/bin/true")
+
+    def check_imported(self) -> None:
+        """Refuse to measure a kernelcache other than the one named (a stray sys.path entry)."""
+        probe = "import kernelcache, os; print(os.path.dirname(os.path.dirname(kernelcache.__file__)))"
+        done = subprocess.run([self.python, "-c", probe], env=self.env, capture_output=True, text=True,
+                              cwd=tempfile.gettempdir())
+        if Path(done.stdout.strip()).resolve() != self.root:
+            raise SystemExit(f"{self.label}: kernelcache is imported from {done.stdout.strip()}, not {self.root}")
 
     def commit(self) -> str:
         done = subprocess.run(["git", "-C", str(self.root), "describe", "--always", "--dirty"],
@@ -151,7 +163,8 @@ print(json.dumps(parts))
 def fingerprint_parts(source: Source, runs: int) -> str:
     rows: dict[str, dict[str, list[float]]] = {}
     for _ in range(runs):
-        done = subprocess.run([source.python, "-c", PARTS], env=source.env, capture_output=True, text=True)
+        done = subprocess.run([source.python, "-c", PARTS], env=source.env, capture_output=True, text=True,
+                              cwd=tempfile.gettempdir())
         for name, times in json.loads(done.stdout).items():
             for kind, value in times.items():
                 rows.setdefault(name, {}).setdefault(kind, []).append(value)
@@ -191,6 +204,7 @@ def main() -> int:
     print(f"before: {machine(args.python)}", flush=True)
     for source in sources:
         source.prepare()
+        source.check_imported()
     results = measure(sources, args.runs)
     print(render(results, args.runs))
     if args.parts:
