@@ -70,6 +70,9 @@ class Source:
         return [self.python, "-m", "kernelcache", *args]
 
     def prepare(self) -> None:
+        # Byte-compiled as pip compiles an installed package: a source tree under PYTHONDONTWRITEBYTECODE=1
+        # would otherwise compile every module on every run.
+        subprocess.run([self.python, "-m", "compileall", "-q", str(self.root / "kernelcache")], check=True)
         shutil.rmtree(self.work, ignore_errors=True)
         self.work.mkdir(parents=True)
         timed(self.kc("install", str(self.bundle), "--cache-dir", str(self.installed)), self.env)

@@ -19,11 +19,14 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..bundle.archive import read_manifest
 from ..bundle.manifest import Manifest, Target, arch_to_capability
 from ..errors import ArchMismatch, StorageError, UsageError
-from .transfer import Landed
+
+if TYPE_CHECKING:  # a plain path (every install) never loads the transports
+    from .transfer import Landed
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
