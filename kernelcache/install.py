@@ -4,7 +4,7 @@
 what the cache already holds. The fingerprint comes from the record the cache dir keeps of it
 (cachedir/fingerprints.py) when the ``EnvironmentKey`` it was computed under still holds; only
 otherwise is Triton imported and libtriton hashed, and the new record is kept once the bundle is
-accepted. A bundle already installed is thus checked without importing Triton or torch. It returns
+installed (or found installed). A bundle already installed is thus checked without importing Triton or torch. It returns
 an ``InstallPlan`` that says what would happen and why a bundle would be refused.
 ``InstallPlan.execute`` then, under a per-cache-dir file lock:
 
@@ -113,11 +113,11 @@ class InstallPlan:
             self._keep_fingerprint(cache)
             return InstallResult(self.cache_dir, self.digest, "already-installed", seconds=0.0, warnings=warnings)
         cache.ensure_state()
-        self._keep_fingerprint(cache)
         try:
             with cache.locked():
                 recover(cache, locked=True)
                 if self.already_installed:
+                    self._keep_fingerprint(cache)
                     return InstallResult(self.cache_dir, self.digest, "already-installed",
                                          seconds=time.perf_counter() - started, warnings=warnings)
                 written, present = _install_locked(self, cache)
@@ -125,6 +125,7 @@ class InstallPlan:
                     write_site(self.cache_dir)  # FlashInfer's provider registration, while the dir is writable
         except OSError as exc:
             raise StorageError(f"cannot install into {self.cache_dir}: {exc.strerror or exc}") from None
+        self._keep_fingerprint(cache)  # only once installed: a bundle refused while extracting leaves nothing
         return InstallResult(self.cache_dir, self.digest, "installed", written, present,
                              time.perf_counter() - started, warnings)
 

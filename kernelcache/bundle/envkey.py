@@ -33,12 +33,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import BundleManifestError
+from .fingerprint import OPTION_ENV_VARS
 from .manifest import Environment, _build
 
 # The cache-invalidating variables of Triton 3.4-3.6 all start with one of these (a test checks the list
 # libtriton.so holds); OPTION_ENV_VARS are read into CUDAOptions.
 KEY_ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "NVPTX_", "DISABLE_", "ENABLE_", "USE_", "ALLOW_")
-OPTION_ENV_VARS = ("PTXAS_OPTIONS", "TRITON_DEBUG", "TRITON_INSTRUMENTATION_MODE", "TRITON_LIBDEVICE_PATH")
 # Where caches live, not what they hold: `kernelcache env` sets TRITON_CACHE_DIR, and neither is in a key.
 NOT_IN_KEYS = ("TRITON_CACHE_DIR", "TRITON_HOME")
 DISTRIBUTIONS = ("triton", "torch", "vllm", "flashinfer-python", "apache-tvm-ffi")

@@ -18,8 +18,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..errors import MissingDependency
-from .envkey import OPTION_ENV_VARS
 from .manifest import Environment, Manifest, Target, arch_to_capability
+
+# Read by Triton into CUDAOptions (and so into the key) though not in its invalidating list.
+OPTION_ENV_VARS = (
+    "PTXAS_OPTIONS",
+    "TRITON_DEBUG",
+    "TRITON_INSTRUMENTATION_MODE",
+    "TRITON_LIBDEVICE_PATH",
+)
 
 
 def python_tag() -> str:
