@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from helpers.common import clean_env
 
 from kernelcache.errors import MissingDependency
@@ -17,8 +18,6 @@ class Block:
             raise ImportError('blocked: ' + name)
 sys.meta_path.insert(0, Block())
 import kernelcache, kernelcache.cli, kernelcache.remote, kernelcache.bundle.compare
-
-pytestmark = pytest.mark.fast
 sys.argv = ['kernelcache', *{argv!r}]
 kernelcache.cli.main()
 """
@@ -30,6 +29,7 @@ def run_blocked(*argv: str, blocked=OPTIONAL) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=120)
 
 
+@pytest.mark.fast
 def test_help_lists_the_fleet_commands_without_any_extra():
     done = run_blocked("--help")
     assert done.returncode == 0, done.stderr

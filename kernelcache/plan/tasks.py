@@ -27,7 +27,9 @@ def vocab_tasks(plan: BuildPlan, vocab: int) -> tuple[Task, ...]:
     """
     max_batch = plan.max_num_seqs * (plan.num_speculative_tokens + 1)
     processed = "float32" in plan.dtypes
-    model_dtypes = [d for d in plan.dtypes if d != "float32"]
+    # Every logits dtype is also a model dtype: an fp32 model's raw logits reach MRV2's Gumbel kernel with
+    # APPLY_TEMPERATURE=True, a key of its own (seen missing on the H200 when only bf16/fp16 were raw).
+    model_dtypes = list(plan.dtypes)
     tasks = []
     if "registry" in plan.paths and processed:
         tasks.append(Task(f"{SAMPLER}:registry", {"vocab": vocab, "max_num_seqs": plan.max_num_seqs,

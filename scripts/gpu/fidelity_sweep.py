@@ -211,8 +211,8 @@ def main() -> int:
     parser.add_argument("--work", default="/tmp/kc-sweep")
     parser.add_argument("--parallel", type=int, default=6)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--writable", action="store_true", help="Relocate only (no read-only mount): misses compile "
-                        "and are named instead of failing; for listing what an older bundle lacks.")
+    parser.add_argument("--writable", action="store_true", help="No read-only mount: misses compile and are named "
+                        "instead of failing; for listing what an older bundle lacks.")
     parser.add_argument("--no-cold", action="store_true", help="Skip the empty-cache runs (no output comparison).")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -235,18 +235,16 @@ def main() -> int:
 
 
 def install_read_only(bundle: Path, work: Path, mount: bool = True) -> tuple[Path, str]:
-    """Install under one HOME at one path, move it (stale absolute paths), bind-mount it read-only."""
-    home = work / "home-install"
-    subprocess.run([sys.executable, "-m", "kernelcache", "install", str(bundle), "--cache-dir",
-                    str(work / "orig" / "cache")], check=True, env={**os.environ, "HOME": str(home)})
-    (work / "orig").rename(work / "moved")
-    ro = work / "ro"
-    ro.mkdir()
-    if mount and _mount("--bind", work / "moved", ro) and _mount("-o", "remount,ro,bind", ro):
-        return ro / "cache", "read-only bind mount"
-    ro.rmdir()
-    ro.symlink_to(work / "moved")
-    return ro / "cache", "relocated only" + ("" if not mount else " (no mount rights)")
+    """Install under a HOME of its own at a path the build never saw, then bind-mount it onto itself
+    read-only (an image layer or a read-only volume: installed where it is served, then frozen)."""
+    cache = work / "served" / "cache"
+    subprocess.run([sys.executable, "-m", "kernelcache", "install", str(bundle), "--cache-dir", str(cache)],
+                   check=True, env={**os.environ, "HOME": str(work / "home-install")})
+    if not mount:
+        return cache, "relocated, writable"
+    if _mount("--bind", cache, cache) and _mount("-o", "remount,ro,bind", cache):
+        return cache, "relocated, read-only bind mount"
+    return cache, "relocated, writable (no mount rights)"
 
 
 def _mount(*args) -> bool:

@@ -11,14 +11,15 @@ export PYTHONPATH=$PWD/scripts/gpu/site:$PWD:$T/vx/site:$T/vx/vllm PYTHONUNBUFFE
 { nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
   python3 -c "import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__)"; } > $OUT/env.txt 2>&1
 bundle=$(ls .carry/sweep/*.tar.zst | head -1)
-vocabs=$(python3 -c "
+vocabs=""; for v in ${VOCABS:-}; do vocabs="$vocabs --vocab $v"; done
+[ -n "$vocabs" ] || vocabs=$(python3 -c "
 from kernelcache.bundle import archive
 print(' '.join(f'--vocab {v[\"size\"]}' for v in archive.read_manifest('$bundle').build.plan['vocabs']))")
 echo "$bundle $vocabs" >> $OUT/env.txt
 timeout ${SWEEP_TIMEOUT:-560} python3 scripts/gpu/fidelity_sweep.py --bundle "$bundle" $vocabs --work $T/sweep \
   --parallel ${PARALLEL:-9} --out $OUT/sweep.json 2> $OUT/sweep.err
 echo "sweep rc=$?"
-umount $T/sweep/ro 2>/dev/null || true
+umount $T/sweep/served/cache 2>/dev/null || true
 # Optional: a bundle built before the fix (.carry/sweep-prefix/), relocated but writable, to name what it lacked.
 for old in .carry/sweep-prefix/*.tar.zst; do
   [ -f "$old" ] || continue
@@ -30,6 +31,6 @@ print(' '.join(f'--vocab {v[\"size\"]}' for v in archive.read_manifest('$old').b
   echo "prefix sweep rc=$?"
 done
 # First-call profile (issue 16): bundle vs plain warm cache, fresh processes, the first call under cProfile.
-timeout ${PROFILE_TIMEOUT:-200} python3 scripts/gpu/first_call_profile.py --bundle "$bundle" --vocab 128256 --runs 3 \
+timeout ${PROFILE_TIMEOUT:-300} python3 scripts/gpu/first_call_profile.py --bundle "$bundle" --vocab 128256 --runs 2 \
   --out $OUT/first-call.json > $OUT/first-call.log 2>&1
 echo "profile rc=$?"

@@ -102,5 +102,8 @@ with fake_cuda():
             seeds = torch.full((max_num_seqs,), 7, dtype=torch.int64, device="cuda")
             gumbel_sample(logits, idx, temp, seeds, torch.zeros(b, dtype=torch.int64, device="cuda"),
                           apply_temperature=False, is_drafting=False)
+            # MRV2 greedy / unprocessed requests: the raw fp32 LM-head logits, temperature inside the kernel
+            gumbel_sample(lm_head(b, torch.float32), idx, temp, seeds, torch.zeros(b, dtype=torch.int64, device="cuda"),
+                          apply_temperature=True, is_drafting=False)
 for e in events:
     print(json.dumps(e))
