@@ -160,7 +160,7 @@ def setup_toolchain(base: Path | None = None, say: Callable[[str], None] | None 
     return find_toolchain(base)
 
 
-_PIP_PROGRESS = ("Collecting", "Downloading", "Using cached", "Installing", "Successfully")
+_PIP_PROGRESS = ("Collecting", "Downloading", "Using cached", "Processing", "Installing", "Successfully")
 
 
 def _pip_install(target: Path, say: Callable[[str], None]) -> None:
