@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -38,8 +39,16 @@ class Venv:
 
     def kernelcache(self, *args: str, cwd: Path | None = None, env: dict | None = None,
                     timeout: int = 1800) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.root / "bin" / "kernelcache"), *args], cwd=cwd, env=clean_env(**(env or {})),
-                              capture_output=True, text=True, timeout=timeout)
+        """Run its CLI in a session of its own: a timed-out test takes the build's nvcc and workers with it."""
+        command = [str(self.root / "bin" / "kernelcache"), *args]
+        with subprocess.Popen(command, cwd=cwd, env=clean_env(**(env or {})), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True) as child:
+            try:
+                stdout, stderr = child.communicate(timeout=timeout)
+            except BaseException:
+                os.killpg(child.pid, signal.SIGKILL)
+                raise
+        return subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
 
     def version(self, package: str) -> str:
         code = f"import importlib.metadata as m; print(m.version({package!r}))"
