@@ -75,17 +75,27 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
           mode: str = "auto", jobs: int | None = None, output_dir: str | os.PathLike = "bundles",
           keep_ir: bool = False, workdir: str | os.PathLike | None = None, extra_tasks: tuple[Task, ...] = (),
           progress: Callable[[str, int, int], None] | None = None, from_misses: list[str] | None = None,
-          **flags) -> BuildResult:
+          target_env: str | os.PathLike | None = None, **flags) -> BuildResult:
     """Build one bundle per GPU profile of ``arch`` from a recipe (``overrides`` change its plan).
 
     ``flags``: the fields of ``PlanOverrides`` as keywords (``gpus=["h200"], paths=["mrv2"]``), for short.
     ``from_misses``: overlay miss logs (``kernelcache run --read-only``) whose misses for this arch are
-    compiled again, so the next bundle covers them.
+    compiled again, so the next bundle covers them. ``target_env``: a fingerprint file of the serving
+    environment (``kernelcache fingerprint --json``); the build stops before compiling anything if
+    ``install`` would refuse its bundles there. A cross build of FlashInfer's module fetches its CUDA
+    toolchain first when none is here (exercise/flashinfer.py: ``ensure_toolchain``).
     """
     arch = capability_to_arch(flag_capability(arch))
+    there = _load_target_env(target_env)
     plan = load(recipe).override(overrides or PlanOverrides(**flags))
     check_paths(plan)
     targets = plan_targets(plan, arch, mode, visible_gpus() if mode != "cross" else [])
+    if there is not None:
+        check_target_env(plan, targets, there, str(target_env), bool(extra_tasks or from_misses))
+    if "flashinfer" in plan.paths and any(t.mode == "cross" for t in targets):
+        from .exercise.flashinfer import ensure_toolchain
+
+        ensure_toolchain()  # before the Triton compiles: a missing toolchain fails in seconds, not minutes
     jobs = jobs or os.cpu_count() or 1
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -112,6 +122,25 @@ def _miss_tasks(logs: list[str], capability: int) -> tuple[Task, ...]:
     from .plan.misses import replay_tasks
 
     return tuple(task for log in logs for task in replay_tasks(log, capability))
+
+
+def _load_target_env(path: str | os.PathLike | None):
+    from .bundle import target_env
+
+    return target_env.load(path) if path is not None else None
+
+
+def check_target_env(plan: BuildPlan, targets: list[BuildTarget], there, source: str,
+                     extra: bool = False) -> None:
+    """Refuse (``FingerprintMismatch``) a build whose bundles the fingerprinted environment would refuse."""
+    from .bundle import target_env
+
+    triton = extra or any(p in plan.paths for p in ("registry", "mrv1", "mrv2"))
+    for target in targets:
+        for profile in target.profiles:
+            planned = Target("cuda", target.arch, 32, gpu=profile.name, sm_count=target.sm_count)
+            target_env.check(target_env.planned_manifest(planned, "flashinfer" in plan.paths), triton, there,
+                             source)
 
 
 # -- exercise -------------------------------------------------------------------------------------

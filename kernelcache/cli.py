@@ -307,8 +307,11 @@ def run(bundle: str | None, cache_dir: str | None, force: bool, read_only: bool,
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the build's scratch dir here.")
 @click.option("--from-misses", "miss_logs", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Also compile the misses an overlay logged (kernelcache run --read-only).")
+@click.option("--target-env", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Fingerprint of the serving environment (kernelcache fingerprint --json there): refuse, before "
+                   "compiling, a bundle its install would refuse.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def build(arch, recipe, overrides, mode, jobs, output_dir, keep_ir, workdir, miss_logs, as_json) -> None:
+def build(arch, recipe, overrides, mode, jobs, output_dir, keep_ir, workdir, miss_logs, target_env, as_json) -> None:
     """Run vLLM's sampler paths for ARCH and write one bundle per GPU profile."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -328,7 +331,7 @@ def build(arch, recipe, overrides, mode, jobs, output_dir, keep_ir, workdir, mis
             bar.update(tasks[label], completed=done)
 
         result = do_build(arch, recipe, overrides, mode=mode, jobs=jobs, output_dir=output_dir, keep_ir=keep_ir,
-                          workdir=workdir, progress=progress, from_misses=list(miss_logs))
+                          workdir=workdir, progress=progress, from_misses=list(miss_logs), target_env=target_env)
     if as_json:
         _json([t.to_dict() for t in result.targets])
         return
@@ -353,6 +356,40 @@ def _build_summary(target) -> None:
               f"compiles ({target.compile_seconds:.1f}s of compile time) in {target.seconds:.1f}s")
     for bundle in target.bundles:
         out.print(f"wrote {bundle.path} ({human_size(bundle.path.stat().st_size)}) for {bundle.manifest.target.gpu}")
+
+
+@main.command()
+@click.option("--arch", "archs", multiple=True, help="Record ptxas for this arch only [default: every profile's].")
+@click.option("--json", "as_json", is_flag=True, help="Print the fingerprint file `build --target-env` reads.")
+def fingerprint(archs: tuple[str, ...], as_json: bool) -> None:
+    """Print this environment's cache-key fingerprint: what a bundle must match to install here."""
+    from .bundle.manifest import capability_to_arch, flag_capability
+    from .bundle.target_env import take
+
+    found = take([capability_to_arch(flag_capability(a)) for a in archs] or None)
+    if as_json:
+        _json(found.to_dict())
+        return
+    env = found.environment
+    table = Table(title="cache-key fingerprint", title_justify="left", show_header=False)
+    table.add_column("field")
+    table.add_column("value", overflow="fold")
+    rows = [("python", f"{env.python} ({env.platform})"), ("triton", str(env.triton)),
+            ("triton_key sha256", str(env.triton_key_sha256))]
+    rows += [(f"ptxas[{arch}]", _release_line(text)) for arch, text in env.ptxas.items()]
+    rows += [("env vars", ", ".join(f"{k}={v}" for k, v in env.env_vars.items()) or "none set"),
+             ("vllm", str(env.vllm)), ("flashinfer", str(env.flashinfer)), ("apache-tvm-ffi", str(found.tvm_ffi)),
+             ("torch", f"{env.torch} (CUDA {found.torch_cuda})"), ("CUDA toolkit", str(found.cuda_toolkit)),
+             ("GPUs", ", ".join(f"{g.name} ({g.arch}, {g.sm_count} SMs)" for g in found.gpus) or "none visible")]
+    for name, value in rows:
+        table.add_row(Text(name), Text(value))  # plain text: "ptxas[sm_90]" is not markup
+    out.print(table)
+
+
+def _release_line(ptxas: str) -> str:
+    """``Cuda compilation tools, release 12.8, V12.8.93`` -> ``release 12.8, V12.8.93``."""
+    lines = [line for line in ptxas.splitlines() if "release" in line] or ptxas.splitlines() or [""]
+    return lines[0].rpartition("tools, ")[2]
 
 
 @main.command()

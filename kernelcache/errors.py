@@ -101,6 +101,12 @@ class AlreadyActivated(KernelcacheError):
     exit_code = 32
 
 
+class ToolchainUnavailable(MissingDependency):
+    """The CUDA toolchain that builds FlashInfer's module could not be obtained (no network, no disk)."""
+
+    exit_code = 33
+
+
 class StorageError(KernelcacheError):
     """Disk full, permission denied, read-only target: nothing was published."""
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh), then the main job: a real cross build of the default build recipe
-# (cache-manifests/vllm-sampler.toml: 8 vocab sizes, fp32/bf16/fp16, MRV1 + MRV2 + registry + FlashInfer)
-# for an H200 (sm_90, 132 SMs) on this CPU-only machine, then `inspect` and `verify` of the bundle.
+# Set up the serving stack (scripts/setup.sh: .venv, vLLM 0.33.0's own torch, Triton and FlashInfer, so the
+# bundle installs in a plain `pip install vllm==0.33.0` environment or vLLM's image), then the main job: a real
+# cross build of the default build recipe (cache-manifests/vllm-sampler.toml: 8 vocab sizes, fp32/bf16/fp16,
+# MRV1 + MRV2 + registry + FlashInfer, whose CUDA toolchain the build fetches on first use) for an H200
+# (sm_90, 132 SMs) on this CPU-only machine, then `inspect` and `verify` of the bundle.
 # Override with ARCH=sm_100 GPU=b200, or pass extra `kernelcache build` flags as arguments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+STACK=serving KERNELCACHE_SETUP_DEV=0 bash scripts/setup.sh
 ARCH=${ARCH:-sm_90}; GPU=${GPU:-h200}
 .venv/bin/kernelcache build --arch "$ARCH" --gpu "$GPU" -o bundles "$@"
 bundle=$(ls -t bundles/*-"$ARCH"-"$GPU".tar.zst | head -1)

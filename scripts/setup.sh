@@ -1,41 +1,73 @@
 #!/usr/bin/env bash
-# Create .venv with everything kernelcache's build and tests need on a CPU-only machine.
-# Idempotent: re-running only installs what is missing. Override the interpreter with PYTHON=.
+# Create a venv with everything kernelcache's build and tests need on a CPU-only machine, for one of two stacks,
+# from the public package index alone:
+#   STACK=serving (default)  .venv      Python 3.12 + `pip install vllm==0.33.0`, exactly as a user or vLLM's image
+#                                       resolves it: torch 2.14.0 (CUDA wheel; imports without a GPU), triton 3.8.0,
+#                                       flashinfer-python 0.7.2.post1. Bundles built here install in vLLM 0.33 images.
+#   STACK=lab                .venv-lab  Python 3.12 + triton 3.6.0 + torch 2.11.0 (the torch release that pins
+#                                       triton==3.6.0; the GPU machine's stack), vLLM 0.33.0's pure-Python code.
+# Idempotent: re-running only installs what is missing. Override with PYTHON= (a 3.12 interpreter), VENV=.
+# KERNELCACHE_SETUP_DEV=0 skips the test tools (linters, registry) for a build-only venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3}
-VENV=${VENV:-.venv}
-TRITON_VERSION=${TRITON_VERSION:-3.6.0}
-TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+STACK=${STACK:-serving}
+case "$STACK" in
+  serving) VENV=${VENV:-.venv} ;;
+  lab) VENV=${VENV:-.venv-lab} ;;
+  *) echo "setup: unknown STACK=$STACK (serving or lab)" >&2; exit 2 ;;
+esac
+VLLM_VERSION=${VLLM_VERSION:-0.33.0}
 
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+# Resolve from the public index only: no machine-wide pip config (local wheel folders, constraints).
+export PIP_CONFIG_FILE=/dev/null
+unset PIP_FIND_LINKS PIP_CONSTRAINT PIP_NO_INDEX
+
+python312() {
+  if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"; return; fi
+  if python3.12 -c '' 2>/dev/null; then echo python3.12; return; fi
+  # pyenv keeps 3.12 out of PATH unless selected; pick its newest 3.12.
+  local version
+  version=$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12(\.|$)' | sort -V | tail -1 || true)
+  if [ -n "$version" ]; then echo "$(pyenv root)/versions/$version/bin/python3.12"; return; fi
+  echo "setup: no Python 3.12 found (vLLM's images run 3.12); set PYTHON=/path/to/python3.12" >&2
+  exit 2
+}
+
+[ -x "$VENV/bin/python" ] || "$(python312)" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip -q --disable-pip-version-check "$@"; }
+installed() { "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$2')" 2>/dev/null; }
 pip install --upgrade pip >/dev/null
-# The serving stack (the user's in production): CPU torch and Triton, which cross-compiles for any NVIDIA arch.
-pip install "torch==$TORCH_VERSION" "triton==$TRITON_VERSION"
-pip install -e ".[test]"
 
-# vLLM 0.33.0's pure-Python sampler code, without its CUDA torch 2.14 pin (its wheel requires torch==2.14.0;
-# the build only imports the sampler modules). xgrammar without deps, or it pulls another triton.
-if [ "${KERNELCACHE_SETUP_VLLM:-1}" = 1 ] && ! "$VENV/bin/python" -c "import importlib.metadata as m; m.version('vllm')" 2>/dev/null; then
-  pip install --no-deps "vllm==${VLLM_VERSION:-0.33.0}" "xgrammar==0.2.8"
-  pip install packaging regex requests numpy psutil pyzmq pydantic cbor2 "transformers>=5.16.1,<5.21" aiohttp \
-    openai-harmony openai pillow pybase64 cachetools msgspec cloudpickle uvloop py-cpuinfo prometheus_client \
-    "fastapi<0.137" partial_json_parser "llguidance<1.8" "apache-tvm-ffi==0.1.11" tqdm
+if [ "$STACK" = serving ]; then
+  # Nothing pinned by us: whatever vLLM's own requirements resolve to is what its users serve with.
+  installed vllm "$VLLM_VERSION" || pip install "vllm==$VLLM_VERSION"
+  pip install -e .
+else
+  installed triton 3.6.0 || pip install "torch==${TORCH_VERSION:-2.11.0}" "triton==3.6.0"
+  pip install -e .
+  # vLLM 0.33.0's pure-Python sampler code, without its torch 2.14 pin (the build only imports the sampler
+  # modules). xgrammar without deps, or it pulls another triton.
+  if ! installed vllm "$VLLM_VERSION"; then
+    pip install --no-deps "vllm==$VLLM_VERSION" "xgrammar==0.2.8"
+    pip install packaging regex requests numpy psutil pyzmq pydantic cbor2 "transformers>=5.16.1,<5.21" aiohttp \
+      openai-harmony openai pillow pybase64 cachetools msgspec cloudpickle uvloop py-cpuinfo prometheus_client \
+      "fastapi<0.137" partial_json_parser "llguidance<1.8" "apache-tvm-ffi==0.1.11" tqdm
+  fi
+  # FlashInfer as vLLM 0.33 pins it, with --no-deps plus only what `import flashinfer.sampling` needs, so pip
+  # never swaps the torch above.
+  pip install --no-deps "flashinfer-python==${FLASHINFER_VERSION:-0.7.2.post1}" "apache-tvm-ffi==0.1.11" \
+    numpy nvidia-ml-py tqdm requests urllib3 idna certifi charset-normalizer
 fi
 
-# FlashInfer (vLLM 0.33 pins 0.7.2.post1) and the pip CUDA 13.0 toolchain that builds its sampling module.
-# On by default (KERNELCACHE_SETUP_FLASHINFER=0 skips it). flashinfer-python goes in with --no-deps plus only what
-# `import flashinfer.sampling` needs, so pip never swaps the torch above for a CUDA one. The CUDA wheels go
-# into a directory of their own (kernelcache/exercise/flashinfer.py: setup_toolchain), through pip's cache.
+# The pip CUDA 13.0 toolchain that builds FlashInfer's sampling module, in a directory of its own
+# (kernelcache/exercise/flashinfer.py: setup_toolchain). `kernelcache build` provisions it by itself when
+# missing; fetching it here keeps the tests' timings honest. KERNELCACHE_SETUP_FLASHINFER=0 skips it.
 if [ "${KERNELCACHE_SETUP_FLASHINFER:-1}" = 1 ]; then
-  FLASHINFER_VERSION=${FLASHINFER_VERSION:-0.7.2.post1}
-  pip install --no-deps "flashinfer-python==$FLASHINFER_VERSION" "apache-tvm-ffi==0.1.11" \
-    numpy nvidia-ml-py tqdm requests urllib3 idna certifi charset-normalizer
   "$VENV/bin/python" -c "from kernelcache.exercise.flashinfer import setup_toolchain; setup_toolchain()"
 fi
 
-# --- Fleet distribution (issue 7): the transport extras, the test registry, the example linters ---
+[ "${KERNELCACHE_SETUP_DEV:-1}" = 1 ] || exit 0
+# --- Tests and fleet distribution (issue 7): the transport extras, the test registry, the example linters ---
 # oras (OCI) and fsspec[http] (URLs) are optional extras of kernelcache; the tests use both, a real
 # CNCF distribution registry on loopback (Debian's docker-registry), bcrypt for its htpasswd, and the
 # linters that check examples/ (hadolint, the Kubernetes and GitHub Actions schemas; all offline).

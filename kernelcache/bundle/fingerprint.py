@@ -96,9 +96,18 @@ class Difference:
     why: str = ""
 
 
-def compare(manifest: Manifest, local: Environment) -> list[Difference]:
-    """Every field that differs between the bundle's environment and this one."""
+_HERE = "here"
+
+
+def compare(manifest: Manifest, local: Environment, triton: bool | None = None,
+            tvm_ffi: str | None = _HERE) -> list[Difference]:
+    """Every field that differs between the bundle's environment and ``local`` (this one, by default).
+
+    ``triton``: whether the bundle holds Triton entries (default: read from the manifest; a planned
+    bundle has none yet). ``tvm_ffi``: the apache-tvm-ffi version on the local side (default: here).
+    """
     b, here = manifest.environment, local
+    has_triton = bool(manifest.kernels or manifest.modules) if triton is None else triton
     diffs: list[Difference] = []
 
     def check(name: str, want: object, have: object, blocking: bool = True, why: str = "") -> None:
@@ -106,7 +115,7 @@ def compare(manifest: Manifest, local: Environment) -> list[Difference]:
             diffs.append(Difference(name, _show(want), _show(have), blocking, why))
 
     check("platform", b.platform, here.platform, why="launchers and FlashInfer modules are native code")
-    if manifest.kernels or manifest.modules:  # a FlashInfer-only bundle does not depend on Triton
+    if has_triton:  # a FlashInfer-only bundle does not depend on Triton
         check("python", b.python, here.python, why="each CPython minor ships its own libtriton.so")
         check("triton", b.triton, here.triton)
         check("triton_key_sha256", b.triton_key_sha256, here.triton_key_sha256, why="a different Triton build")
@@ -118,8 +127,9 @@ def compare(manifest: Manifest, local: Environment) -> list[Difference]:
         check("env_vars", b.env_vars, here.env_vars, why="cache-invalidating variables set here differ")
         if b.vllm and here.vllm:
             check("vllm", b.vllm, here.vllm, why="kernel sources differ between vLLM releases")
-    if manifest.flashinfer:
-        diffs += compare_flashinfer(manifest, here.flashinfer, here.torch, package_version("apache-tvm-ffi"))
+    if manifest.flashinfer:  # only then is the local apache-tvm-ffi looked up (importlib.metadata is slow)
+        local_tvm_ffi = package_version("apache-tvm-ffi") if tvm_ffi == _HERE else tvm_ffi
+        diffs += compare_flashinfer(manifest, here.flashinfer, here.torch, local_tvm_ffi)
     check("torch", b.torch, here.torch, blocking=False, why="not part of any Triton cache key")
     return diffs
 

@@ -5,7 +5,9 @@ vLLM's default CUDA sampler (``flashinfer_sample``) runs FlashInfer's ``sampling
 
 * ``build_sampling`` (cross mode) builds it without a GPU: FlashInfer's own ``gen_sampling_module()
   .build()`` in a child process, with ``FLASHINFER_CUDA_ARCH_LIST`` naming the target and nvcc from
-  pip wheels (``setup_toolchain``). The child reports what FlashInfer built and for which archs.
+  ``ensure_toolchain``: the pip CUDA wheels ``setup_toolchain`` installed, else a CUDA toolkit of the
+  same major already on ``CUDA_HOME``/``PATH``, else the pip wheels fetched there and then (once;
+  cached for the next build). The child reports what FlashInfer built and for which archs.
 * ``harvest_sampling`` (native mode) takes the ``sampling.so`` a FlashInfer JIT already built in
   its JIT dir (``<base>/.cache/flashinfer/<version>/<archs>/cached_ops``).
 
@@ -26,12 +28,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..bundle.fingerprint import package_version
 from ..bundle.manifest import FLASHINFER_ROOT, FlashInferModule, Member, arch_to_capability
-from ..errors import BuildFailed, MissingDependency, StorageError, UsageError
+from ..errors import BuildFailed, MissingDependency, StorageError, ToolchainUnavailable, UsageError
 
 MODULE = "sampling"
 # The CUDA 13.0 wheels that build sampling: nvcc with its crt and nvvm parts, the runtime, curand's
@@ -82,47 +86,116 @@ def toolchain_path(base: Path | None = None) -> Path:
     return (base or default_toolchain_dir()) / f"cuda-{CUDA_VERSION}"
 
 
-def setup_toolchain(base: Path | None = None) -> Toolchain:
+def ensure_toolchain(base: Path | None = None, say: Callable[[str], None] | None = None) -> Toolchain:
+    """A toolchain to build with, obtained now if need be; ``ToolchainUnavailable`` (exit 33) if it cannot be.
+
+    Order: the one ``setup_toolchain`` installed under ``base``; a CUDA toolkit of the same major as
+    ``CUDA_VERSION`` already on ``CUDA_HOME``/``CUDA_PATH`` or ``PATH`` (with ninja on ``PATH``); else the
+    pinned pip wheels, fetched now with progress lines through ``say`` (stderr by default).
+    """
+    say = say or _stderr
+    try:
+        return find_toolchain(base)
+    except MissingDependency:
+        pass
+    present = installed_toolkit()
+    if present is not None:
+        say(f"using the CUDA {present.cuda} toolkit in {present.root} to build FlashInfer's {MODULE} module")
+        return present
+    say(f"fetching the CUDA {CUDA_VERSION} build toolchain for FlashInfer's {MODULE} module "
+        f"({len(CUDA_WHEELS)} pip wheels, about 150 MB) into {toolchain_path(base)}; later builds reuse it")
+    started = time.monotonic()
+    tools = setup_toolchain(base, say)
+    say(f"CUDA {tools.cuda} toolchain ready in {time.monotonic() - started:.0f}s")
+    return tools
+
+
+def installed_toolkit() -> Toolchain | None:
+    """A CUDA toolkit already on this machine that FlashInfer can build with, of ``CUDA_VERSION``'s major."""
+    ninja = shutil.which("ninja")
+    if ninja is None:
+        return None
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(str(Path(nvcc).resolve().parent.parent))
+    for root in (Path(c) for c in candidates if c):
+        if _missing_files(root) or not (root / "bin" / "nvcc").is_file():
+            continue
+        try:
+            cuda = nvcc_version(root / "bin" / "nvcc")
+        except MissingDependency:
+            continue
+        if cuda.split(".")[0] == CUDA_VERSION.split(".")[0]:
+            return Toolchain(root=root, ninja_dir=Path(ninja).parent, cuda=cuda)
+    return None
+
+
+def setup_toolchain(base: Path | None = None, say: Callable[[str], None] | None = None) -> Toolchain:
     """Install the pinned pip CUDA wheels into a directory of their own, plus the two link shims.
 
     A separate ``pip --target`` dir never touches the user's environment (a CUDA torch depends on
     some of the same wheels). pip's cache keeps reruns fast. Published with one rename; idempotent.
+    ``say`` gets pip's progress lines (what it collects and downloads).
     """
     final = toolchain_path(base)
     if _marker_ok(final):
         return find_toolchain(base)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        command = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-                   "--only-binary=:all:", "--target", str(staging), *CUDA_WHEELS]
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise MissingDependency(f"pip could not install the CUDA toolchain: {_last_line(done.stderr)}")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    except OSError as exc:
+        raise ToolchainUnavailable(f"cannot create the CUDA toolchain dir {final}: {exc.strerror or exc}") from None
+    try:
+        _pip_install(staging, say or (lambda line: None))
         _add_link_shims(staging / "nvidia" / "cu13")
         (staging / _MARKER).write_text(json.dumps({"wheels": list(CUDA_WHEELS)}, indent=1))
         if final.exists():
             shutil.rmtree(final)
         os.rename(staging, final)
     except OSError as exc:
-        raise StorageError(f"cannot install the CUDA toolchain into {final}: {exc.strerror or exc}") from None
+        raise ToolchainUnavailable(f"cannot install the CUDA toolchain into {final}: {exc.strerror or exc}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return find_toolchain(base)
+
+
+_PIP_PROGRESS = ("Collecting", "Downloading", "Using cached", "Processing", "Installing", "Successfully")
+
+
+def _pip_install(target: Path, say: Callable[[str], None]) -> None:
+    """pip-install ``CUDA_WHEELS`` into ``target``, passing its progress lines to ``say``."""
+    command = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off",
+               "--no-deps", "--only-binary=:all:", "--target", str(target), *CUDA_WHEELS]
+    lines: list[str] = []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as pip:
+        for line in pip.stdout or ():
+            lines.append(line.rstrip())
+            if line.strip().startswith(_PIP_PROGRESS):
+                say(f"  {line.strip()}")
+    if pip.returncode != 0:
+        raise ToolchainUnavailable(
+            f"pip could not fetch the CUDA {CUDA_VERSION} toolchain that builds FlashInfer's {MODULE} module "
+            f"({_last_line(chr(10).join(lines))}); check the network and disk space, or put a CUDA "
+            f"{CUDA_VERSION.split('.')[0]} toolkit on CUDA_HOME, or build without it: "
+            "--path registry --path mrv1 --path mrv2")
+
+
+def _stderr(line: str) -> None:
+    print(f"kernelcache: {line}", file=sys.stderr, flush=True)
 
 
 def find_toolchain(base: Path | None = None) -> Toolchain:
     """The toolchain ``setup_toolchain`` installed; a clear error naming the fix if it is not there."""
     top = toolchain_path(base)
     root = top / "nvidia" / "cu13"
-    needed = ("bin/nvcc", "include/cuda_runtime.h", "include/curand.h", "lib64/libcudart.so",
-              "lib64/stubs/libcuda.so")
-    missing = [n for n in needed if not (root / n).exists()]
+    missing = _missing_files(root)
     if not _marker_ok(top) or missing:
         raise MissingDependency(
             f"no CUDA {CUDA_VERSION} build toolchain in {top}"
             + (f" (missing {', '.join(missing)})" if _marker_ok(top) else "")
-            + '; run: python -c "from kernelcache.exercise.flashinfer import setup_toolchain; setup_toolchain()"'
+            + '; `kernelcache build` fetches it, or run: python -c '
+            '"from kernelcache.exercise.flashinfer import setup_toolchain; setup_toolchain()"'
         )
     return Toolchain(root=root, ninja_dir=top / "bin", cuda=nvcc_version(root / "bin" / "nvcc"))
 
@@ -137,6 +210,13 @@ def nvcc_version(nvcc: Path) -> str:
     if not found:
         raise MissingDependency(f"cannot read the CUDA version from {nvcc} --version")
     return found.group(1)
+
+
+def _missing_files(root: Path) -> list[str]:
+    """What FlashInfer's build needs from a toolkit root (``CUDA_HOME``) that is not there."""
+    needed = ("bin/nvcc", "include/cuda_runtime.h", "include/curand.h", "lib64/libcudart.so",
+              "lib64/stubs/libcuda.so")
+    return [n for n in needed if not (root / n).exists()]
 
 
 def _marker_ok(top: Path) -> bool:
@@ -156,7 +236,7 @@ def _add_link_shims(root: Path) -> None:
     done = subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
                            str(root / "lib64" / "stubs" / "libcuda.so"), str(source)], capture_output=True, text=True)
     if done.returncode != 0:
-        raise MissingDependency(f"cannot build the libcuda link stub with {cc}: {_last_line(done.stderr)}")
+        raise ToolchainUnavailable(f"cannot build the libcuda link stub with {cc}: {_last_line(done.stderr)}")
 
 
 # -- building (cross) and taking (native) -----------------------------------------------------------
@@ -177,7 +257,7 @@ def build_sampling(arch: str, workdir: Path, jobs: int = 2,
     if package_version("flashinfer-python") is None:
         raise MissingDependency("flashinfer-python is not installed here; install the serving image's version")
     arch_list(arch)  # a bad name fails here, before anything runs
-    tools = toolchain or find_toolchain()
+    tools = toolchain or ensure_toolchain()
     workdir = Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     report = _run_build_child(arch, workdir, jobs, tools)

@@ -1,0 +1,246 @@
+"""The serving stack end to end: what a user of `pip install vllm==0.33.0` (Python 3.12) gets.
+
+Two separate serving-stack venvs, both made by scripts/setup.sh with STACK=serving (vLLM 0.33.0's own
+dependency set: torch 2.14.0, triton 3.8.0, flashinfer-python 0.7.2.post1):
+  KERNELCACHE_SERVING_VENV   builds (like the Dockerfile's build stage and the workflow's job)
+  KERNELCACHE_SERVING_VENV2  a plain `pip install vllm==0.33.0` + kernelcache, where bundles are installed
+This test process runs on the lab stack (triton 3.6.0): its bundles must be refused in the serving venv.
+Without the two venvs these tests skip, except under CI=true or KERNELCACHE_REQUIRE_SERVING=1, where
+that is a failure (scripts/test.sh sets them up).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import clean_env, kc
+from test_examples import DOCKERFILE, WORKFLOW, dockerfile_instructions, shell_commands, stages
+
+from kernelcache.bundle.fingerprint import package_version
+
+# A serving build of one vocab takes 5-11 min on 2 busy cores; pyproject.toml's 900 s per test is too short.
+pytestmark = [pytest.mark.serving, pytest.mark.slow, pytest.mark.timeout(3600)]
+ARCH, GPU, VOCAB = "sm_90", "h200", "128256"
+
+
+@dataclass(frozen=True)
+class Venv:
+    root: Path
+
+    def kernelcache(self, *args: str, cwd: Path | None = None, env: dict | None = None,
+                    timeout: int = 1800) -> subprocess.CompletedProcess:
+        """Run its CLI in a session of its own: a timed-out test takes the build's nvcc and workers with it."""
+        command = [str(self.root / "bin" / "kernelcache"), *args]
+        with subprocess.Popen(command, cwd=cwd, env=clean_env(**(env or {})), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True) as child:
+            try:
+                stdout, stderr = child.communicate(timeout=timeout)
+            except BaseException:
+                os.killpg(child.pid, signal.SIGKILL)
+                raise
+        return subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
+
+    def version(self, package: str) -> str:
+        code = f"import importlib.metadata as m; print(m.version({package!r}))"
+        return subprocess.run([str(self.root / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+
+def serving_venv(variable: str) -> Venv:
+    value = os.environ.get(variable)
+    if not value or not (Path(value) / "bin" / "kernelcache").is_file():
+        message = f"{variable} does not name a serving-stack venv with kernelcache (STACK=serving scripts/setup.sh)"
+        if os.environ.get("CI") == "true" or os.environ.get("KERNELCACHE_REQUIRE_SERVING") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return Venv(Path(value))
+
+
+@pytest.fixture(scope="module")
+def builder() -> Venv:
+    return serving_venv("KERNELCACHE_SERVING_VENV")
+
+
+@pytest.fixture(scope="module")
+def server() -> Venv:
+    venv = serving_venv("KERNELCACHE_SERVING_VENV2")
+    assert venv.root != serving_venv("KERNELCACHE_SERVING_VENV").root, "the install side must be its own venv"
+    return venv
+
+
+def ok(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert done.returncode == 0, (done.returncode, done.stdout[-3000:], done.stderr[-3000:])
+    return done
+
+
+@pytest.fixture(scope="module")
+def server_fingerprint(server, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("fingerprint") / "serving.json"
+    path.write_text(ok(server.kernelcache("fingerprint", "--json")).stdout)
+    return path
+
+
+def test_both_venvs_are_vllm_0_33s_own_stack(builder, server):
+    for venv in (builder, server):
+        assert [venv.version(p) for p in ("vllm", "torch", "triton", "flashinfer-python")] == \
+            ["0.33.0", "2.14.0", "3.8.0", "0.7.2.post1"]
+        assert subprocess.run([str(venv.root / "bin" / "python"), "-c", "import sys; print(sys.version_info[:2])"],
+                              capture_output=True, text=True).stdout.strip() == "(3, 12)"
+
+
+# -- the examples, run: the workflow's build step, the Dockerfile's build and runtime stages --------------
+# One serving build serves every check below: the examples' `kernelcache build --arch sm_90 --gpu h200` with
+# `--vocab 128256` added (one vocab of the default manifest, every path, FlashInfer included; the manifest's
+# eight vocabs would take CI's whole time budget). Nothing else in the commands is changed.
+
+
+def dockerfile_args() -> dict[str, str]:
+    """The ARG defaults declared before the first FROM (ARCH, GPU, ...)."""
+    args = {}
+    for keyword, rest in dockerfile_instructions(DOCKERFILE):
+        if keyword == "FROM":
+            break
+        if keyword == "ARG" and "=" in rest:
+            name, _, value = rest.partition("=")
+            args[name] = value
+    return args
+
+
+def stage_commands(stage: str, args: dict[str, str], paths: dict[str, Path]) -> list[list[str]]:
+    """The stage's RUN commands with its ARGs filled in and absolute container paths mapped to ``paths``."""
+    commands = []
+    for keyword, rest in stages()[stage]:
+        if keyword != "RUN":
+            continue
+        text = re.sub(r"^(--\S+\s+)+", "", rest)
+        text = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], text)
+        for container_path, local in paths.items():
+            text = text.replace(container_path, str(local))
+        commands += shell_commands(text)
+    return commands
+
+
+def workflow_build_commands(matrix: dict[str, str]) -> list[list[str]]:
+    job = yaml.safe_load(WORKFLOW.read_text())["jobs"]["bundle"]
+    [step] = [s for s in job["steps"] if s.get("name") == "Build the bundle"]
+    text = re.sub(r"\$\{\{\s*matrix\.(\w+)\s*\}\}", lambda m: matrix[m.group(1)], step["run"])
+    return shell_commands(text)
+
+
+def one_vocab(command: list[str]) -> list[str]:
+    return [*command, "--vocab", VOCAB] if command[:2] == ["kernelcache", "build"] else command
+
+
+def without_output(command: list[str]) -> list[str]:
+    words = list(command)
+    for flag in ("-o", "--output-dir"):
+        if flag in words:
+            del words[words.index(flag):words.index(flag) + 2]
+    return words
+
+
+def run_example(venv: Venv, command: list[str], cwd: Path,
+                env: dict | None = None) -> subprocess.CompletedProcess | None:
+    """A kernelcache command runs in ``venv``; pip-installing kernelcache is what the venv already did."""
+    if command[:2] == ["pip", "install"]:
+        assert any(w.startswith(("kernelcache==", "kernelcache[")) for w in command), command
+        return None  # this checkout is installed in the venv; the release on PyPI is not this code
+    assert command[0] == "kernelcache", command
+    return ok(venv.kernelcache(*command[1:], cwd=cwd, env=env, timeout=3000))
+
+
+@dataclass(frozen=True)
+class Example:
+    bundle: Path  # the Dockerfile's /bundles/vllm-sampler-<ARCH>-<GPU>.tar.zst
+    cache: Path  # the Dockerfile's /opt/kernelcache/cache, installed by its runtime stage in the second venv
+    build: subprocess.CompletedProcess
+    install: subprocess.CompletedProcess
+
+
+@pytest.fixture(scope="module")
+def example(builder, server, tmp_path_factory) -> Example:
+    """The workflow's build step (first matrix entry) in the builder venv, with no CUDA toolchain fetched
+    yet; the Dockerfile's build stage (the same build command: its bundle is that one) and its runtime
+    stage, whose `kernelcache install` runs in the second serving venv."""
+    work = tmp_path_factory.mktemp("examples")
+    matrix = yaml.safe_load(WORKFLOW.read_text())["jobs"]["bundle"]["strategy"]["matrix"]["include"][0]
+    args = dockerfile_args()
+    assert (matrix["arch"], matrix["gpu"]) == (args["ARCH"], args["GPU"])
+    paths = {"/bundles": work / "bundles", "/opt/kernelcache/cache": work / "cache"}
+    workflow, build_stage = workflow_build_commands(matrix), stage_commands("build", args, paths)
+    builds = [without_output(c) for c in workflow + build_stage if c[:2] == ["kernelcache", "build"]]
+    assert len(builds) == 2 and builds[0] == builds[1], builds
+
+    job = work / "job"
+    job.mkdir()
+    done = [run_example(builder, one_vocab(c), job, env={"KERNELCACHE_TOOLCHAIN_DIR": str(work / "toolchains")})
+            for c in workflow]
+    build = next(d for c, d in zip(workflow, done) if c[:2] == ["kernelcache", "build"])
+    shutil.copytree(job / "bundles", paths["/bundles"])  # the build stage's build is that same command
+    for command in build_stage:
+        if command[:2] != ["kernelcache", "build"]:
+            run_example(builder, command, work)
+    installs = [run_example(server, c, work) for c in stage_commands("runtime", args, paths)]
+    install = next(d for d in installs if d is not None and " entries into " in d.stdout)
+    return Example(paths["/bundles"] / f"vllm-sampler-{args['ARCH']}-{args['GPU']}.tar.zst",
+                   paths["/opt/kernelcache/cache"], build, install)
+
+
+def test_build_fetches_its_toolchain_and_covers_every_path(example):
+    assert "fetching the CUDA 13.0.88 build toolchain" in example.build.stderr
+    assert "toolchain ready" in example.build.stderr
+    manifest = json.loads(kc("inspect", str(example.bundle), "--json", check=True).stdout)
+    assert manifest["environment"]["triton"] == "3.8.0" and manifest["environment"]["python"] == "cp312"
+    assert [m["name"] for m in manifest["flashinfer"]] == ["sampling"]
+    paths = {p for cov in manifest["build"]["coverage"].values() for p in cov["by_path"]}
+    assert {"registry", "mrv1", "mrv2"} <= paths and len(manifest["kernels"]) > 0
+
+
+def test_runtime_stage_installs_it_in_another_serving_venv_and_verify_sees_no_compile(example, server):
+    assert re.search(r"installed \d+ entries", example.install.stdout), example.install.stdout
+    verified = ok(server.kernelcache("verify", str(example.bundle), "--cache-dir", str(example.cache), timeout=3000))
+    assert re.search(r"\b[1-9]\d* hits, 0 compiles,", verified.stdout), verified.stdout
+
+
+def test_builder_passes_the_serving_fingerprint_check(builder, server_fingerprint):
+    """What `build --target-env` runs before compiling, in the builder venv, for the install venv's file."""
+    code = ("import sys; from kernelcache.bundle import target_env as t; from kernelcache.bundle.manifest import "
+            "Target; t.check(t.planned_manifest(Target('cuda', 'sm_90', 32, gpu='h200', sm_count=132), True), "
+            "True, t.load(sys.argv[1]), sys.argv[1]); print('accepted')")
+    done = subprocess.run([str(builder.root / "bin" / "python"), "-c", code, str(server_fingerprint)],
+                          capture_output=True, text=True, env=clean_env())
+    assert done.returncode == 0 and done.stdout.strip() == "accepted", done.stderr
+
+
+# -- refusals: a lab bundle at install, and a lab build for the serving image at build time -------------
+
+
+def test_lab_bundle_is_refused_in_the_serving_venv(bundle90, server, tmp_path):
+    """bundle90: real kernels compiled on this (lab) stack, triton 3.6.0."""
+    done = server.kernelcache("install", str(bundle90), "--cache-dir", str(tmp_path / "cache"))
+    assert done.returncode == 20, (done.stdout, done.stderr)
+    table = done.stderr.split("fingerprint differences", 1)[1]
+    assert re.search(rf"triton\s.*{re.escape(package_version('triton'))}.*3\.8\.0", table), table
+    assert "triton_key_sha256" in table
+    if sys.version_info[:2] != (3, 12):
+        assert "python" in table
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_lab_build_for_the_serving_fingerprint_is_refused_before_compiling(server_fingerprint, tmp_path):
+    done = kc("build", "--arch", ARCH, "--gpu", GPU, "--vocab", VOCAB, "--target-env", str(server_fingerprint),
+              "-o", str(tmp_path / "out"), "--workdir", str(tmp_path / "work"))
+    assert done.returncode == 20, (done.stdout, done.stderr)
+    table = done.stderr.split("fingerprint differences", 1)[1]
+    assert "triton" in table and "3.8.0" in table
+    assert not (tmp_path / "work").exists() and not list((tmp_path / "out").glob("*.tar.zst"))
