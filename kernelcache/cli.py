@@ -363,6 +363,9 @@ def _build_summary(target) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the fingerprint file `build --target-env` reads.")
 def fingerprint(archs: tuple[str, ...], as_json: bool) -> None:
     """Print this environment's cache-key fingerprint: what a bundle must match to install here."""
+    from rich.table import Table
+    from rich.text import Text
+
     from .bundle.manifest import capability_to_arch, flag_capability
     from .bundle.target_env import take
 

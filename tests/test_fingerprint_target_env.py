@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import kc
+from helpers.common import kc
 
 from kernelcache.bundle import target_env
 from kernelcache.bundle.fingerprint import local_environment, python_tag

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import clean_env, kc
+from helpers.common import clean_env, kc
 from test_examples import DOCKERFILE, WORKFLOW, dockerfile_instructions, shell_commands, stages
 
 from kernelcache.bundle.fingerprint import package_version

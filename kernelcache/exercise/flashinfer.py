@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..bundle.fingerprint import package_version
 from ..bundle.manifest import FLASHINFER_ROOT, FlashInferModule, Member, arch_to_capability
-from ..errors import BuildFailed, MissingDependency, StorageError, ToolchainUnavailable, UsageError
+from ..errors import BuildFailed, MissingDependency, ToolchainUnavailable, UsageError
 
 MODULE = "sampling"
 # The CUDA 13.0 wheels that build sampling: nvcc with its crt and nvvm parts, the runtime, curand's
