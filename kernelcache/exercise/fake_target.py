@@ -127,9 +127,17 @@ class LauncherBuildError(RuntimeError):
 
 
 def _prebuilding_launcher(src: Any, metadata: Any):
-    """Build the real launcher .so into the cache (as the GPU would at first launch), launch nothing."""
+    """Build the real launcher .so into the cache (as the GPU would at first launch), launch nothing.
+
+    Only Triton releases with a per-kernel launcher (``make_launcher`` in the NVIDIA driver module, up
+    to 3.6) have one to build; from 3.7 every kernel launches through ``cuda_utils``'s generic
+    ``launch``, which ``build_cuda_utils`` builds.
+    """
+    from triton.backends.nvidia import driver as nvidia
     from triton.backends.nvidia.driver import CudaLauncher
 
+    if not hasattr(nvidia, "make_launcher"):
+        return _noop_launcher(src, metadata)
     try:
         CudaLauncher(src, metadata)
     except Exception as exc:
