@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
-from ..install import InstallResult, install, recover, resolve_cache_dir
+from ..install import InstallResult, install, receipts, recover, resolve_cache_dir
 from . import flashinfer
 
 
@@ -36,25 +36,34 @@ def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | Non
     """Install ``bundle`` if given (a no-op when already there), finish interrupted installs."""
     result = install(bundle, cache_dir, force=force) if bundle is not None else None
     root = result.cache_dir if result else resolve_cache_dir(cache_dir)
-    refuse_read_only(root)
-    if root.is_dir():
+    check_read_only(root)
+    if root.is_dir() and os.access(root, os.W_OK):
         recover(root)
     return result, environment(root)
 
 
-def refuse_read_only(root: Path) -> None:
-    """A read-only cache dir without the overlay is a crash waiting for the first miss: refuse it.
+def check_read_only(root: Path) -> None:
+    """A read-only cache dir without the overlay: refuse it when every kernel would miss, else warn.
 
-    Triton's ``FileCacheManager`` creates the entry directory of every key it looks up, hit or miss,
-    when the key is not there, so one key the bundle lacks raises ``OSError: [Errno 30] Read-only
-    file system`` inside the engine (triton/runtime/cache.py). ``--read-only`` serves the same dir
-    through an overlay that writes misses elsewhere.
+    Triton's ``FileCacheManager`` creates the directory of a key it does not find, so a key the cache
+    lacks raises ``OSError: [Errno 30] Read-only file system`` inside the engine instead of compiling
+    (https://github.com/triton-lang/triton/blob/main/python/triton/runtime/cache.py). A cache installed
+    at another path than the one it is served from misses every kernel, since its group files name
+    the install path: refused. Served where it was installed, it hits whatever the bundle holds: a
+    warning. ``--read-only`` serves either through an overlay that writes misses elsewhere.
     """
-    if root.is_dir() and not os.access(root, os.W_OK):
+    if not root.is_dir() or os.access(root, os.W_OK):
+        return
+    here = os.path.realpath(root)
+    elsewhere = sorted({r["cache_dir"] for r in receipts(root)
+                        if isinstance(r.get("cache_dir"), str) and os.path.realpath(r["cache_dir"]) != here})
+    if elsewhere:
         raise ReadOnlyCache(
-            f"{root} is read-only: Triton would crash the engine on its first cache miss (EROFS); "
-            "use --read-only to serve it with a writable overlay for misses"
+            f"{root} is read-only and was installed at {elsewhere[0]}: Triton would miss every kernel and crash "
+            "the engine on the first miss (EROFS); use --read-only to serve it with a writable overlay for misses"
         )
+    print(f"kernelcache: warning: {root} is read-only: a kernel the bundle lacks would crash the engine (EROFS) "
+          "instead of compiling; --read-only serves it with a writable overlay for misses", file=sys.stderr)
 
 
 def activate(bundle_or_dir: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
