@@ -160,11 +160,23 @@ def test_a_read_only_cache_that_already_holds_the_bundle_is_fine(bundle90, tmp_p
                                            "--no-gpu-check", "--json"])
         assert result.exit_code == 0, result.stderr
         assert json.loads(result.stdout)["action"] == "already-installed"
-        # Serving it needs the overlay: plain env refuses a read-only cache (exit 42, ReadOnlyCache).
-        assert kc("env", "--cache-dir", str(tmp_path / "ro" / "cache")).returncode == ReadOnlyCache.exit_code
+        # mounted elsewhere than installed: plain Triton would miss every kernel, so env refuses (issue 15);
+        # the overlay serves it
+        moved = kc("env", "--cache-dir", str(tmp_path / "ro" / "cache"))
+        assert moved.returncode == ReadOnlyCache.exit_code and str(src / "cache") in moved.stderr
         assert kc("env", "--read-only", "--cache-dir", str(tmp_path / "ro" / "cache"), "--overlay",
                   str(tmp_path / "ov"), check=True).stdout
     assert tree(src / "cache") == before
+
+
+def test_a_read_only_cache_served_where_it_was_installed_gets_a_warning(bundle90, tmp_path):
+    """Installed, then frozen in place (an image layer, a read-only bind mount): env works and warns."""
+    cache = tmp_path / "frozen" / "cache"
+    assert install_here(bundle90, cache).exit_code == 0
+    with read_only(tmp_path / "frozen", tmp_path / "frozen"):
+        done = kc("env", "--cache-dir", str(cache), check=True)
+    assert f"TRITON_CACHE_DIR={cache}" in done.stdout
+    assert "warning" in done.stderr and "--read-only" in done.stderr
 
 
 def run_without_dac(*args: str) -> subprocess.CompletedProcess:
