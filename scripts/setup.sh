@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Create a venv with everything kernelcache's build and tests need on a CPU-only machine, for one of two stacks,
 # from the public package index alone:
-#   STACK=serving (default)  .venv      Python 3.12 + `pip install vllm==0.33.0`, exactly as a user or vLLM's image
-#                                       resolves it: torch 2.14.0 (CUDA wheel; imports without a GPU), triton 3.8.0,
+#   STACK=serving (default)  .venv      Python 3.12 + `uv pip install vllm==0.33.0` (vLLM's documented install),
+#                                       nothing pinned by us, as a user or vLLM's image resolves it: torch 2.14.0 (CUDA wheel; imports without a GPU), triton 3.8.0,
 #                                       flashinfer-python 0.7.2.post1. Bundles built here install in vLLM 0.33 images.
 #   STACK=lab                .venv-lab  Python 3.12 + triton 3.6.0 + torch 2.11.0 (the torch release that pins
 #                                       triton==3.6.0; the GPU machine's stack), vLLM 0.33.0's pure-Python code.
@@ -33,10 +33,23 @@ python312() {
   exit 2
 }
 
-[ -x "$VENV/bin/python" ] || "$(python312)" -m venv "$VENV"
-pip() { "$VENV/bin/python" -m pip -q --disable-pip-version-check "$@"; }
+# uv installs every venv from one cache by hard links: the two serving venvs share every file and the lab venv
+# shares each wheel of the same version (vllm, flashinfer, most nvidia-* libraries), so three venvs cost about
+# 12 GB of disk instead of 26 GB with pip (which copies each wheel into each venv, and keeps a cache beside).
+# uv resolves from PyPI alone and reads no pip configuration. Its own binary comes from PyPI too, into build/uv.
+export UV_LINK_MODE=hardlink UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1
+unset UV_INDEX_URL UV_EXTRA_INDEX_URL UV_FIND_LINKS UV_CONSTRAINT UV_INDEX UV_DEFAULT_INDEX
+UV=build/uv/bin/uv
+if ! [ -x "$UV" ]; then  # into a temporary dir, then one rename: two set-ups at once (scripts/test.sh) don't clash
+  mkdir -p build
+  tmp=$(mktemp -d build/uv.XXXXXX)
+  "$(python312)" -m pip install -q --disable-pip-version-check --target "$tmp" "uv>=0.9,<1"
+  mv -T "$tmp" build/uv 2>/dev/null || rm -rf "$tmp"
+fi
+# --seed: pip inside the venv too (the FlashInfer toolchain and the fingerprint tests run `python -m pip`).
+[ -x "$VENV/bin/python" ] || "$UV" venv -q --seed --python "$(python312)" "$VENV"
+pip() { "$UV" pip "$1" -q --python "$VENV/bin/python" "${@:2}"; }
 installed() { "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$2')" 2>/dev/null; }
-pip install --upgrade pip >/dev/null
 
 if [ "$STACK" = serving ]; then
   # Nothing pinned by us: whatever vLLM's own requirements resolve to is what its users serve with.

@@ -4,8 +4,9 @@
 #   serving  .venv (builds) and .venv-serve (a second plain `pip install vllm==0.33.0`, installs) are what
 #            tests/test_serving_stack.py drives (pytest -m serving): the examples' build of one vocab with every
 #            path, its install and cross verify in the other venv, the refusal of a lab bundle there, and
-#            `build --target-env`. The two serving venvs (about 9 GB each, mostly download) are made in the
-#            background while the lab tests run; their log is build/serving-setup.log.
+#            `build --target-env`. The two serving venvs (about 9 GB of downloads; uv hard-links the second
+#            one from its cache, so both cost about 10 GB of disk) are made in the background while the lab
+#            tests run; their log is build/serving-setup.log.
 # STACKS=lab skips the serving venvs and their tests. Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
