@@ -36,7 +36,10 @@ python312() {
 # uv installs every venv from one cache by hard links: the two serving venvs share every file and the lab venv
 # shares each wheel of the same version (vllm, flashinfer, most nvidia-* libraries), so three venvs cost about
 # 12 GB of disk instead of 26 GB with pip (which copies each wheel into each venv, and keeps a cache beside).
-# uv resolves from PyPI alone and reads no pip configuration. Its own binary comes from PyPI too, into build/uv.
+# uv resolves from PyPI alone and reads no pip configuration (pip resolves the same torch, triton, vllm and
+# flashinfer; only cuda-python differs). Its own binary comes from PyPI too, into build/uv.
+# The cache sits in build/ (the venvs' file system: hard links cannot cross one) unless UV_CACHE_DIR says otherwise.
+export UV_CACHE_DIR=${UV_CACHE_DIR:-$PWD/build/uv-cache}
 export UV_LINK_MODE=hardlink UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1
 unset UV_INDEX_URL UV_EXTRA_INDEX_URL UV_FIND_LINKS UV_CONSTRAINT UV_INDEX UV_DEFAULT_INDEX
 UV=build/uv/bin/uv
