@@ -45,7 +45,7 @@ from .bundle.envkey import KnownEnvironment, environment_key
 from .bundle.fingerprint import Difference, compare, compare_gpu, local_environment
 from .bundle.manifest import Environment, Kernel, Manifest
 from .cachedir import CacheDir, Journal, Receipt, atomic_write, publish_entries, recover, resolve_cache_dir
-from .cachedir.fingerprints import load_fingerprint, save_fingerprint
+from .cachedir.fingerprints import load_fingerprint, save_fingerprint, save_triton_key
 from .cachedir.flashinfer_site import write_site
 from .errors import (
     ArchMismatch,
@@ -132,6 +132,7 @@ class InstallPlan:
     def _keep_fingerprint(self, cache: CacheDir) -> None:
         if self.fingerprint is not None:
             save_fingerprint(cache, self.fingerprint)
+            save_triton_key(cache, self.fingerprint.key)
 
 
 def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,

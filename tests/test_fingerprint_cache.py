@@ -17,7 +17,7 @@ import venv
 from pathlib import Path
 
 import pytest
-from helpers.common import ROOT, clean_env, kc
+from helpers.common import ROOT, SERVED, clean_env, kc
 
 from kernelcache.bundle.envkey import EnvironmentKey, KnownEnvironment, environment_key, key_candidates
 from kernelcache.bundle.fingerprint import package_version
@@ -179,6 +179,15 @@ def install_in(python: Path, bundle: Path, cache: Path) -> tuple[dict, subproces
     return json.loads(done.stderr.strip().splitlines()[-1]), done
 
 
+def served_in(python: Path, cache: Path) -> dict:
+    """test_triton_key_seed's probe, in a process ``kernelcache run`` starts in the venv."""
+    done = subprocess.run([str(python), "-c", IMPORTS, "run", "--cache-dir", str(cache), "--", str(python), "-c",
+                           SERVED], env=clean_env(PYTHONPATH=str(ROOT), KERNELCACHE_NO_GPU_PROBE="1"),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.slow
 def test_triton_replaced_in_a_venv_is_fingerprinted_again(bundle90, tmp_path):
     ours = package_version("triton")
@@ -190,6 +199,8 @@ def test_triton_replaced_in_a_venv_is_fingerprinted_again(bundle90, tmp_path):
 
     first, done = install_in(python, bundle90, cache)  # the bundle's own Triton: computed, accepted
     assert first == {"exit": 0, "imported": ["triton"]}, done.stderr
+    kept = {"seeded": True, "equal": True, "read_libtriton": False}
+    assert served_in(python, cache) == kept  # served processes take the install's triton_key()
     again, done = install_in(python, bundle90, cache)
     assert again == {"exit": 0, "imported": []} and "already installed" in done.stdout, done.stderr
 
@@ -199,9 +210,12 @@ def test_triton_replaced_in_a_venv_is_fingerprinted_again(bundle90, tmp_path):
     assert "triton_key_sha256" in done.stderr and other_triton(ours) in done.stderr
     refused, done = install_in(python, bundle90, cache)  # a refusal keeps no record: checked again, refused
     assert refused["exit"] == FingerprintMismatch.exit_code, done.stderr
+    # The kept triton_key() is the old Triton's: a served process computes its own.
+    assert served_in(python, cache) == {"seeded": True, "equal": True, "read_libtriton": True}
 
     pip(python, f"triton=={ours}")  # back to the bundle's Triton, new files: computed again, accepted
     back, done = install_in(python, bundle90, cache)
     assert back == {"exit": 0, "imported": ["triton"]}, done.stderr
     last, done = install_in(python, bundle90, cache)
     assert last == {"exit": 0, "imported": []}, done.stderr
+    assert served_in(python, cache) == kept  # kept again by the install that computed it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,10 @@ LAYERS = (
 # the manifest records harvest produces and install reads, and the environment fingerprint an exercise
 # process reports and install compares.
 BASE = ("kernelcache", "kernelcache.errors", "kernelcache.bundle.manifest", "kernelcache.bundle.fingerprint")
+# Runs inside the served interpreter (from kernelcache's site dir on PYTHONPATH) and checks the same files the
+# fingerprint key names: standard library only (test_the_shared_site_module_needs_only_the_standard_library),
+# so any layer may import it. (The import graph names it by its folder when imported as `from .site import`.)
+SHARED_SITE = ("kernelcache.runtime.site", "kernelcache.runtime.site.kernelcache_tritonkey")
 
 
 def module_name(path: Path) -> str:
@@ -81,7 +86,7 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer(name: str) -> int | None:
-    if name in BASE:
+    if name in BASE or name in SHARED_SITE:
         return None
     for index, (_, prefixes) in enumerate(LAYERS):
         if any(name == p or name.startswith(p + ".") for p in prefixes):
@@ -100,6 +105,18 @@ def test_nothing_is_imported_upward():
             if mine is None and theirs is not None:
                 upward.append(f"{name} (shared) imports {target} ({LAYERS[theirs][0]})")
     assert not upward, "\n".join(upward)
+
+
+def test_the_shared_site_module_needs_only_the_standard_library():
+    path = ROOT / "kernelcache" / "runtime" / "site" / "kernelcache_tritonkey.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            found |= {"." if node.level else (node.module or "").split(".")[0]}
+    assert "os" in found and "importlib" in found  # the walk saw its imports
+    assert found <= set(sys.stdlib_module_names) | {"__future__"}, found
 
 
 def test_there_is_no_import_circle():

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import BundleManifestError
+from ..runtime.site.kernelcache_tritonkey import triton_files  # the served triton_key() seed checks these too
 from .fingerprint import OPTION_ENV_VARS
 from .manifest import Environment, _build
 
@@ -42,7 +43,6 @@ KEY_ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "NVPTX_", "DISABLE_"
 # Where caches live, not what they hold: `kernelcache env` sets TRITON_CACHE_DIR, and neither is in a key.
 NOT_IN_KEYS = ("TRITON_CACHE_DIR", "TRITON_HOME")
 DISTRIBUTIONS = ("triton", "torch", "vllm", "flashinfer-python", "apache-tvm-ffi")
-_TRITON_SOURCES = ("compiler", "backends", "language")
 
 Stat = tuple[int, int, int]  # size, mtime_ns, ctime_ns
 
@@ -136,14 +136,7 @@ def _stat(path: str) -> Stat | None:
 
 
 def _triton_files(root: str) -> dict[str, Stat]:
-    paths = [os.path.join(root, "runtime", "cache.py"), os.path.join(root, "__init__.py")]
-    for sub in _TRITON_SOURCES:
-        for folder, dirs, files in os.walk(os.path.join(root, sub)):
-            dirs.sort()
-            paths += [os.path.join(folder, f) for f in sorted(files) if f.endswith(".py")]
-    lib = os.path.join(root, "_C")
-    paths += sorted(os.path.join(lib, f) for f in _listdir(lib) if ".so" in f or f.endswith(".pyd"))
-    return {os.path.relpath(p, root): s for p in paths if (s := _stat(p)) is not None}
+    return {rel: (stat[0], stat[1], stat[2]) for rel, stat in triton_files(root).items()}
 
 
 def _ptxas_files(triton_dir: str | None, env: dict[str, str]) -> dict[str, Stat]:

@@ -8,18 +8,26 @@ an upgraded Triton, another interpreter, another ptxas or another variable alway
 Records are written only into a state dir that exists (an install that is refused creates nothing)
 and are not covered by the lock: each is one atomic rename, and two writers write the same bytes.
 A record that cannot be read is ignored; the newest ``KEEP`` are kept.
+
+``<cache>/.kernelcache/triton-keys/`` keeps, beside them, the ``triton_key()`` value itself, which a served
+process takes instead of hashing libtriton.so again while Triton's files are unchanged
+(runtime/site/kernelcache_tritonkey.py, the only reader).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from pathlib import Path
 
 from ..bundle.envkey import EnvironmentKey, KnownEnvironment
+from ..runtime.site import kernelcache_tritonkey
 from .publish import atomic_write
-from .state import CacheDir
+from .state import STATE_DIR, CacheDir
 
 KEEP = 16
+TRITON_KEYS = "triton-keys"
 
 
 def _folder(cache: CacheDir) -> Path:
@@ -50,3 +58,23 @@ def _prune(folder: Path) -> None:
     records = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
     for stale in records[KEEP:]:
         stale.unlink(missing_ok=True)
+
+
+def triton_keys_folder(root: Path) -> Path:
+    return root / STATE_DIR / TRITON_KEYS
+
+
+def save_triton_key(cache: CacheDir, key: EnvironmentKey) -> None:
+    """Keep this process's ``triton_key()`` for served processes, if it was computed here under ``key``.
+
+    Only after a fingerprint was computed (Triton imported, its key cached in-process) and only for the
+    Triton directory ``key`` stat-ed; the files' stats come from ``key``, taken before the computation."""
+    module = sys.modules.get("triton.runtime.cache")
+    if module is None or not key.triton or not cache.state.is_dir():
+        return
+    root = kernelcache_tritonkey.triton_root(module)
+    if {rel: list(stat) for rel, stat in key.triton.items()} != kernelcache_tritonkey.triton_files(root):
+        return  # another Triton than the key's, or one that changed since
+    with contextlib.suppress(OSError):
+        kernelcache_tritonkey.save_key(os.fspath(triton_keys_folder(cache.root)), root, module.triton_key(),
+                                       {rel: list(stat) for rel, stat in key.triton.items()})

@@ -4,7 +4,9 @@ Everything is carried by environment variables, so it reaches vLLM's engine and 
 processes: vLLM sets ``TRITON_CACHE_DIR`` itself only when it is unset (``initialize_inductor_cache``
 in vllm/compilation/compiler_interface.py), so one set before it starts is kept.
 When the cache holds FlashInfer modules, runtime/flashinfer.py adds PYTHONPATH (its provider
-registration) and ``FLASHINFER_DISABLE_JIT=1``.
+registration) and ``FLASHINFER_DISABLE_JIT=1``. When it keeps Triton's ``triton_key()`` (written by the
+install that computed it), ``KERNELCACHE_TRITON_KEYS`` and kernelcache's site dir on PYTHONPATH let
+served processes skip hashing libtriton.so (runtime/site/kernelcache_tritonkey.py).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..cachedir import recover, resolve_cache_dir
+from ..cachedir.fingerprints import triton_keys_folder
 from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
 from . import flashinfer
+from .site import kernelcache_tritonkey
 
 if TYPE_CHECKING:  # imported when a bundle is given: `env` and `run` without one never load the installer
     from ..install import InstallResult
@@ -30,7 +34,22 @@ def environment(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
     root = resolve_cache_dir(cache_dir)
     variables = {"TRITON_CACHE_DIR": str(root)}
     variables.update(flashinfer.environment(root))
+    variables.update(triton_key_environment(root, variables))
     return variables
+
+
+def triton_key_environment(root: Path, variables: dict[str, str]) -> dict[str, str]:
+    """``KERNELCACHE_TRITON_KEYS`` and the site dir first on PYTHONPATH, if ``root`` keeps Triton keys.
+
+    First, as ``--read-only``'s overlay puts it: its sitecustomize runs any one it shadows."""
+    folder = triton_keys_folder(root)
+    if not folder.is_dir():
+        return {}
+    from .overlay import SITE_DIR
+
+    current = variables.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    path = [str(SITE_DIR), *(p for p in current.split(os.pathsep) if p)]
+    return {kernelcache_tritonkey.ENV_VAR: str(folder), "PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
 
 
 @dataclass(frozen=True)
@@ -139,10 +158,12 @@ def activate(*, bundle: str | os.PathLike | None = None, cache_dir: str | os.Pat
                              "(or pass bundle=...)")
     _, variables = prepare(bundle, cache_dir, force)
     _refuse_if_pinned(variables["TRITON_CACHE_DIR"])
-    if "PYTHONPATH" in variables:
+    if any(flashinfer.is_site_path(p) for p in variables.get("PYTHONPATH", "").split(os.pathsep)):
         _refuse_if_flashinfer_loaded()
     os.environ.update(variables)
     _extend_sys_path(variables.get("PYTHONPATH", ""))
+    if kernelcache_tritonkey.ENV_VAR in variables:  # sitecustomize runs in children only
+        kernelcache_tritonkey.seed_on_import(variables[kernelcache_tritonkey.ENV_VAR])
     return variables
 
 

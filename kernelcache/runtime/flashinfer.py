@@ -30,7 +30,7 @@ from ..errors import FingerprintMismatch
 
 def real_shim_installed() -> bool:
     """Whether the real flashinfer-jit-cache shim is importable (kernelcache's own dirs left out)."""
-    paths = [p for p in sys.path if not _is_site_path(p)]
+    paths = [p for p in sys.path if not is_site_path(p)]
     return importlib.machinery.PathFinder.find_spec(SHIM_PACKAGE, paths) is not None
 
 
@@ -54,7 +54,7 @@ def environment(cache_dir: Path, base: dict[str, str] | None = None) -> dict[str
             "installed; FlashInfer would compile them again", [("flashinfer", built, version)])
     site = ensure_site(root, found)
     paths = [site / "providers"] + ([] if real_shim_installed() else [site / "shim"])
-    kept = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p and not _is_site_path(p)]
+    kept = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p and not is_site_path(p)]
     variables = {"PYTHONPATH": os.pathsep.join([*map(str, paths), *kept])}
     if "FLASHINFER_DISABLE_JIT" not in base:
         variables["FLASHINFER_DISABLE_JIT"] = "1"
@@ -64,7 +64,7 @@ def environment(cache_dir: Path, base: dict[str, str] | None = None) -> dict[str
     return variables
 
 
-def _is_site_path(path: str) -> bool:
+def is_site_path(path: str) -> bool:
     """A generated site dir (of any kernelcache cache): ``.../.kernelcache/flashinfer/site-*/...``."""
     parts = Path(path).parts
     return any(parts[i:i + 2] == (STATE_DIR, SITE_DIR) and parts[i + 2].startswith("site-")

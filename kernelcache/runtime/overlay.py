@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cachedir import STATE_DIR, CacheDir, resolve_cache_dir
+from ..cachedir.fingerprints import triton_keys_folder
 from ..errors import BaseUnusable, StorageError, UsageError
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
@@ -38,7 +39,13 @@ class Overlay:
             "KERNELCACHE_BASE_DIR": str(self.base),
             "KERNELCACHE_MISS_LOG": str(self.miss_log),
             "PYTHONPATH": os.pathsep.join(dict.fromkeys(path)),
+            **self._triton_keys(),
         }
+
+    def _triton_keys(self) -> dict[str, str]:
+        """The base's kept ``triton_key()`` values (runtime/site/kernelcache_tritonkey.py), if it has any."""
+        folder = triton_keys_folder(self.base)
+        return {"KERNELCACHE_TRITON_KEYS": str(folder)} if folder.is_dir() else {}
 
 
 def default_overlay() -> Path:

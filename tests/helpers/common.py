@@ -16,6 +16,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 TESTKERNELS = Task("kernelcache.exercise.testkernels:run", label="testkernels")
 
+# A probe for a served process: is triton_key seeded, does it equal Triton's own computation, was libtriton opened?
+SERVED = r"""
+import json, sys
+import triton.runtime.cache as c
+opened = []
+sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == "open" else None)
+value = c.triton_key()
+read_lib = any("libtriton" in p for p in opened)
+real = c.triton_key.__wrapped__() if getattr(c.triton_key, "kernelcache_seeded", False) else value
+print(json.dumps({"seeded": getattr(c.triton_key, "kernelcache_seeded", False), "equal": value == real,
+                  "read_libtriton": read_lib}))
+"""
+
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The test process's environment without Triton/kernelcache settings, plus ``extra``."""

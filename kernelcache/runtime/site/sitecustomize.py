@@ -3,6 +3,9 @@
 * Overlay (``KERNELCACHE_MISS_LOG`` set and the overlay manager selected): when ``triton.knobs`` is
   first imported, ``knobs.compilation.listener`` is pointed at ``kernelcache_overlay.on_compile``
   (imported only when a compile happens), which gives the miss log each missed kernel's specialization.
+* Triton key (``KERNELCACHE_TRITON_KEYS`` set, as ``env`` / ``run`` do for a cache that keeps one): once
+  ``triton.runtime.cache`` is imported, ``triton_key()`` returns the value the install computed while
+  Triton's files are unchanged, instead of hashing libtriton.so again (``kernelcache_tritonkey``).
 * Compile log (``KERNELCACHE_COMPILE_LOG`` set, as ``capture`` does): once ``triton`` is imported,
   every compile() (hit or miss) and every gcc build of a Triton helper module is appended to the log.
 
@@ -86,5 +89,9 @@ try:
 finally:
     if os.environ.get("KERNELCACHE_MISS_LOG") and "kernelcache_overlay" in os.environ.get("TRITON_CACHE_MANAGER", ""):
         sys.meta_path.insert(0, _After("triton.knobs", _attach))
+    if os.environ.get("KERNELCACHE_TRITON_KEYS"):
+        import kernelcache_tritonkey
+
+        kernelcache_tritonkey.seed_on_import(os.environ["KERNELCACHE_TRITON_KEYS"])
     if os.environ.get("KERNELCACHE_COMPILE_LOG"):
         sys.meta_path.insert(0, _After("triton", _record_compiles))

@@ -1,0 +1,153 @@
+"""Triton's ``triton_key()`` for a served process, from a record the install kept, when nothing changed.
+
+``triton_key()`` (https://github.com/triton-lang/triton/blob/main/python/triton/runtime/cache.py) hashes
+every file of Triton's compiler, ``libtriton.so`` (about 400 MB) included: 0.35-0.5 s on the first compile
+or cache lookup of every process, a bundle's hits included. ``kernelcache install`` computes it anyway (the
+fingerprint compares it with the bundle's), so it keeps the value in ``<cache>/.kernelcache/triton-keys/``
+with the (size, mtime_ns, ctime_ns) of every file the computation reads. ``kernelcache env`` / ``run`` set
+``KERNELCACHE_TRITON_KEYS`` to that folder and put this directory on PYTHONPATH; ``sitecustomize`` then
+calls ``seed`` right after ``triton.runtime.cache`` is imported, before any other module binds the name.
+
+The replacement returns the kept value only when the record names this Triton directory and extension
+suffix and every file the computation reads has the stat it had then, the same files and no others (a
+reinstall writes new files; a copy that keeps mtimes still gets a new ctime). Otherwise it computes the key
+as Triton does. Standard library only: this runs inside the served interpreter, before anything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+# hashlib, json, sysconfig and tempfile are imported where used: sitecustomize imports this module in
+# every process of a served pod, and only those that call triton_key() need them.
+
+SOURCES = ("compiler", "backends", "language")  # the packages triton_key() walks, besides runtime/cache.py
+ENV_VAR = "KERNELCACHE_TRITON_KEYS"
+
+
+def triton_files(root: str) -> dict[str, list[int]]:
+    """Every file ``triton_key()`` reads under the Triton directory ``root``, by relative path -> stat.
+
+    ``__init__.py`` holds ``__version__``; the ``.py`` files under ``SOURCES`` and the shared libraries in
+    ``_C`` are a superset of what ``pkgutil.walk_packages`` and the libtriton read open."""
+    paths = [os.path.join(root, "runtime", "cache.py"), os.path.join(root, "__init__.py")]
+    for sub in SOURCES:
+        for folder, dirs, files in os.walk(os.path.join(root, sub)):
+            dirs.sort()
+            paths += [os.path.join(folder, f) for f in sorted(files) if f.endswith(".py")]
+    lib = os.path.join(root, "_C")
+    with contextlib.suppress(OSError):
+        paths += sorted(os.path.join(lib, f) for f in os.listdir(lib) if ".so" in f or f.endswith(".pyd"))
+    found = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        found[os.path.relpath(path, root)] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    return found
+
+
+def record_path(folder: str, root: str) -> str:
+    import hashlib
+    import sysconfig
+
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ""
+    return os.path.join(folder, hashlib.sha256(f"{root}\0{suffix}".encode()).hexdigest()[:32] + ".json")
+
+
+def triton_root(cache_module) -> str:
+    """The Triton directory of ``triton.runtime.cache`` (the module object), as triton_key() finds it."""
+    return os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(cache_module.__file__))))
+
+
+def kept_key(folder: str, root: str) -> str | None:
+    """The key kept for ``root`` in ``folder`` if every file it was computed from is unchanged, else None."""
+    import json
+    import sysconfig
+
+    try:
+        with open(record_path(folder, root), encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("root") != root:
+        return None
+    if record.get("suffix") != sysconfig.get_config_var("EXT_SUFFIX") or record.get("files") != triton_files(root):
+        return None
+    key = record.get("triton_key")
+    return key if isinstance(key, str) and key else None
+
+
+def save_key(folder: str, root: str, key: str, files: dict[str, list[int]]) -> None:
+    """Keep ``key``, computed from ``files`` (their stats before the computation), in ``folder``: one rename."""
+    import json
+    import sysconfig
+    import tempfile
+
+    record = {"root": root, "suffix": sysconfig.get_config_var("EXT_SUFFIX"), "files": files, "triton_key": key}
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+        os.replace(tmp, record_path(folder, root))
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def seed(cache_module, folder: str | None = None) -> None:
+    """Replace ``cache_module.triton_key`` by one that returns the kept key when it still holds."""
+    folder = folder or os.environ.get(ENV_VAR)
+    original = getattr(cache_module, "triton_key", None)
+    if not folder or original is None or getattr(original, "kernelcache_seeded", False):
+        return
+    root = triton_root(cache_module)
+
+    @functools.cache
+    def triton_key() -> str:
+        return kept_key(folder, root) or original()
+
+    triton_key.kernelcache_seeded = True
+    triton_key.__wrapped__ = original
+    cache_module.triton_key = triton_key
+
+
+class _SeedOnImport(importlib.abc.MetaPathFinder):
+    """Load ``triton.runtime.cache`` normally, then ``seed`` it (once)."""
+
+    NAME = "triton.runtime.cache"
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.NAME:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            seed(module, self.folder)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def seed_on_import(folder: str) -> None:
+    """Seed ``triton.runtime.cache`` in this process: now if it is imported, else when it is."""
+    module = sys.modules.get(_SeedOnImport.NAME)
+    if module is not None:
+        seed(module, folder)
+    elif not any(isinstance(f, _SeedOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _SeedOnImport(folder))

@@ -1,0 +1,141 @@
+"""A served process takes the ``triton_key()`` its install computed, only while Triton's files are unchanged.
+
+``triton_key()`` hashes libtriton.so (about 400 MB) on the first compile or cache lookup of every process.
+The install that computed it keeps it in ``<cache>/.kernelcache/triton-keys/``; ``env`` / ``run`` /
+``activate()`` point served processes at it (runtime/site/kernelcache_tritonkey.py). These tests show the
+kept value equals Triton's own, that libtriton.so is then not read at all, and that any change to a file
+the key is computed from (or a record of another Triton) falls back to Triton's computation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from helpers.common import ROOT, SERVED, clean_env, kc
+
+from kernelcache.runtime.site import kernelcache_tritonkey as tk
+
+SITE = ROOT / "kernelcache" / "runtime" / "site"
+
+
+def fake_triton(root: Path) -> types.SimpleNamespace:
+    """A Triton tree with one file of each kind triton_key() reads, and its cache module."""
+    for rel in ("__init__.py", "runtime/cache.py", "compiler/compiler.py", "backends/nvidia/driver.py",
+                "language/core.py", "_C/libtriton.so"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(f"# {rel}\n")
+    calls = []
+
+    def triton_key():
+        calls.append(1)
+        return "computed"
+
+    return types.SimpleNamespace(__file__=str(root / "runtime" / "cache.py"), triton_key=triton_key, calls=calls)
+
+
+@pytest.mark.fast
+def test_kept_key_is_returned_while_every_file_is_unchanged(tmp_path):
+    root, folder = tmp_path / "triton", tmp_path / "keys"
+    module = fake_triton(root)
+    tk.save_key(str(folder), tk.triton_root(module), "kept", tk.triton_files(str(root)))
+    tk.seed(module, str(folder))
+    assert module.triton_key() == "kept" and module.calls == []
+    tk.seed(module, str(folder))  # seeding twice wraps once
+    assert module.triton_key.__wrapped__() == "computed"
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("change", ["touch libtriton", "rewrite a compiler file", "add a language file",
+                                    "remove a backend file", "another root", "another extension suffix",
+                                    "corrupt record", "no record"])
+def test_any_change_falls_back_to_tritons_computation(tmp_path, change):
+    root, folder = (tmp_path / "triton").resolve(), tmp_path / "keys"
+    module = fake_triton(root)
+    tk.save_key(str(folder), str(root), "kept", tk.triton_files(str(root)))
+    record = Path(tk.record_path(str(folder), str(root)))
+    if change == "touch libtriton":
+        os.utime(root / "_C" / "libtriton.so", ns=(1, 1))
+    elif change == "rewrite a compiler file":  # same size, new content
+        (root / "compiler" / "compiler.py").write_text("# compiler/compilez.py\n")
+    elif change == "add a language file":
+        (root / "language" / "extra.py").write_text("x = 1\n")
+    elif change == "remove a backend file":
+        (root / "backends" / "nvidia" / "driver.py").unlink()
+    elif change == "another root":
+        data = json.loads(record.read_text())
+        record.write_text(json.dumps({**data, "root": str(tmp_path / "elsewhere")}))
+    elif change == "another extension suffix":
+        data = json.loads(record.read_text())
+        record.write_text(json.dumps({**data, "suffix": ".cpython-311-x86_64-linux-gnu.so"}))
+    elif change == "corrupt record":
+        record.write_text('{"root": ')
+    else:
+        record.unlink()
+    tk.seed(module, str(folder))
+    assert module.triton_key() == "computed" and module.calls == [1]
+
+
+def served(python: str, cache: Path, *, read_only: bool = False) -> dict:
+    """SERVED in a process that ``kernelcache run`` starts on ``cache``."""
+    flags = ["--read-only", "--overlay", str(cache.parent / "overlay")] if read_only else []
+    done = kc("run", "--cache-dir", str(cache), *flags, "--", python, "-c", SERVED)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_served_process_takes_the_kept_key_and_never_reads_libtriton(bundle90, tmp_path):
+    cache = tmp_path / "c"
+    kc("install", str(bundle90), "--cache-dir", str(cache), "--no-gpu-check", check=True)
+    [record] = (cache / ".kernelcache" / "triton-keys").glob("*.json")
+    variables = json.loads(kc("env", "--cache-dir", str(cache), "--json", check=True).stdout)
+    assert variables[tk.ENV_VAR] == str(record.parent)
+    assert variables["PYTHONPATH"].split(os.pathsep)[0] == str(SITE)
+    assert served(sys.executable, cache) == {"seeded": True, "equal": True, "read_libtriton": False}
+    # Without the seed the same process reads libtriton.so: what the audit hook sees is real.
+    plain = subprocess.run([sys.executable, "-c", SERVED], env=clean_env(TRITON_CACHE_DIR=str(cache)),
+                           capture_output=True, text=True, timeout=300)
+    assert json.loads(plain.stdout) == {"seeded": False, "equal": True, "read_libtriton": True}, plain.stderr
+    # The read-only overlay serves the base's kept key too.
+    assert served(sys.executable, cache, read_only=True) == {"seeded": True, "equal": True, "read_libtriton": False}
+
+
+def test_a_kept_key_that_lies_is_used_only_while_the_files_hold(bundle90, tmp_path):
+    """The record is trusted by stat alone (that is its point): a changed value with unchanged files is taken,
+    and the same record after Triton's files changed is not (test_fingerprint_cache swaps a real Triton)."""
+    cache = tmp_path / "c"
+    kc("install", str(bundle90), "--cache-dir", str(cache), "--no-gpu-check", check=True)
+    [record] = (cache / ".kernelcache" / "triton-keys").glob("*.json")
+    data = json.loads(record.read_text())
+    record.write_text(json.dumps({**data, "triton_key": "lie"}))
+    assert served(sys.executable, cache)["equal"] is False
+    first = next(iter(data["files"]))
+    data["files"][first][1] += 1  # the record's view of one file's mtime no longer holds
+    record.write_text(json.dumps({**data, "triton_key": "lie"}))
+    assert served(sys.executable, cache) == {"seeded": True, "equal": True, "read_libtriton": True}
+
+
+ACTIVATED = r"""
+import json, sys, kernelcache
+variables = kernelcache.activate(cache_dir=sys.argv[1])
+""" + SERVED
+
+
+def test_activate_seeds_its_own_process(bundle90, tmp_path):
+    cache = tmp_path / "c"
+    kc("install", str(bundle90), "--cache-dir", str(cache), "--no-gpu-check", check=True)
+    done = subprocess.run([sys.executable, "-c", ACTIVATED, str(cache)], env=clean_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert json.loads(done.stdout) == {"seeded": True, "equal": True, "read_libtriton": False}, done.stderr
+
+
+def test_a_cache_without_kept_keys_changes_nothing(tmp_path):
+    cache = tmp_path / "empty"
+    cache.mkdir()
+    variables = json.loads(kc("env", "--cache-dir", str(cache), "--json", check=True).stdout)
+    assert tk.ENV_VAR not in variables and "PYTHONPATH" not in variables
