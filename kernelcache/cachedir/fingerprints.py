@@ -24,10 +24,9 @@ from pathlib import Path
 from ..bundle.envkey import EnvironmentKey, KnownEnvironment
 from ..runtime.site import kernelcache_tritonkey
 from .publish import atomic_write
-from .state import STATE_DIR, CacheDir
+from .state import CacheDir
 
 KEEP = 16
-TRITON_KEYS = "triton-keys"
 
 
 def _folder(cache: CacheDir) -> Path:
@@ -60,10 +59,6 @@ def _prune(folder: Path) -> None:
         stale.unlink(missing_ok=True)
 
 
-def triton_keys_folder(root: Path) -> Path:
-    return root / STATE_DIR / TRITON_KEYS
-
-
 def save_triton_key(cache: CacheDir, key: EnvironmentKey) -> None:
     """Keep this process's ``triton_key()`` for served processes, if it was computed here under ``key``.
 
@@ -76,5 +71,5 @@ def save_triton_key(cache: CacheDir, key: EnvironmentKey) -> None:
     if {rel: list(stat) for rel, stat in key.triton.items()} != kernelcache_tritonkey.triton_files(root):
         return  # another Triton than the key's, or one that changed since
     with contextlib.suppress(OSError):
-        kernelcache_tritonkey.save_key(os.fspath(triton_keys_folder(cache.root)), root, module.triton_key(),
+        kernelcache_tritonkey.save_key(os.fspath(cache.triton_keys), root, module.triton_key(),
                                        {rel: list(stat) for rel, stat in key.triton.items()})

@@ -112,6 +112,11 @@ class CacheDir:
     def state(self) -> Path:
         return self.root / STATE_DIR
 
+    @property
+    def triton_keys(self) -> Path:
+        """Kept ``triton_key()`` values: cachedir/fingerprints.py writes, runtime/site/kernelcache_tritonkey reads."""
+        return self.state / "triton-keys"
+
     def ensure_state(self) -> Path:
         """Create the state dirs (a ``StorageError`` when the cache dir cannot be written)."""
         try:

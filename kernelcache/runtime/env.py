@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..cachedir import recover, resolve_cache_dir
-from ..cachedir.fingerprints import triton_keys_folder
+from ..cachedir import CacheDir, recover, resolve_cache_dir
 from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
 from . import flashinfer
 from .site import kernelcache_tritonkey
@@ -42,7 +41,7 @@ def triton_key_environment(root: Path, variables: dict[str, str]) -> dict[str, s
     """``KERNELCACHE_TRITON_KEYS`` and the site dir first on PYTHONPATH, if ``root`` keeps Triton keys.
 
     First, as ``--read-only``'s overlay puts it: its sitecustomize runs any one it shadows."""
-    folder = triton_keys_folder(root)
+    folder = CacheDir(root).triton_keys
     if not folder.is_dir():
         return {}
     from .overlay import SITE_DIR
@@ -125,8 +124,6 @@ def check_read_only(root: Path) -> None:
     """
     if not root.is_dir() or os.access(root, os.W_OK):
         return
-    from ..cachedir import CacheDir
-
     here = os.path.realpath(root)
     elsewhere = sorted({r.cache_dir for r in CacheDir(root).receipts()
                         if r.cache_dir and os.path.realpath(r.cache_dir) != here})

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cachedir import STATE_DIR, CacheDir, resolve_cache_dir
-from ..cachedir.fingerprints import triton_keys_folder
 from ..errors import BaseUnusable, StorageError, UsageError
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
@@ -44,7 +43,7 @@ class Overlay:
 
     def _triton_keys(self) -> dict[str, str]:
         """The base's kept ``triton_key()`` values (runtime/site/kernelcache_tritonkey.py), if it has any."""
-        folder = triton_keys_folder(self.base)
+        folder = CacheDir(self.base).triton_keys
         return {"KERNELCACHE_TRITON_KEYS": str(folder)} if folder.is_dir() else {}
 
 
