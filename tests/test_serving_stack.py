@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.common import clean_env, kc
+from helpers.common import SERVED, clean_env, kc
 from test_examples import DOCKERFILE, WORKFLOW, dockerfile_instructions, shell_commands, stages
 
 from kernelcache.bundle.fingerprint import package_version
@@ -210,6 +210,13 @@ def test_runtime_stage_installs_it_in_another_serving_venv_and_verify_sees_no_co
     assert re.search(r"installed \d+ entries", example.install.stdout), example.install.stdout
     verified = ok(server.kernelcache("verify", str(example.bundle), "--cache-dir", str(example.cache), timeout=3000))
     assert re.search(r"\b[1-9]\d* hits, 0 compiles,", verified.stdout), verified.stdout
+
+
+def test_a_process_served_from_it_takes_the_kept_triton_key(example, server):
+    """Triton 3.8's triton_key(), kept by the runtime stage's install, served by `kernelcache run` in that venv."""
+    done = ok(server.kernelcache("run", "--cache-dir", str(example.cache), "--", str(server.root / "bin" / "python"),
+                                 "-c", SERVED))
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"seeded": True, "equal": True, "read_libtriton": False}
 
 
 def test_builder_passes_the_serving_fingerprint_check(builder, server_fingerprint):
