@@ -211,7 +211,7 @@ def main() -> int:
     results = measure(sources, args.runs)
     print(render(results, args.runs))
     if args.parts:
-        print(fingerprint_parts(sources[0], args.runs))
+        print(fingerprint_parts(sources[-1], args.runs))  # the newest source: older ones may lack envkey
     print(f"after: {machine(args.python)}")
     print("sources: " + ", ".join(f"{s.label}={s.root} ({s.commit()})" for s in sources))
     print(f"bundle: {args.bundle} ({args.bundle.stat().st_size / 2**20:.1f} MiB)")
