@@ -154,7 +154,12 @@ def plan_options(recipe_help: str):
         click.option("--dtype", "dtypes", multiple=True,
                      help="Logits dtype(s): float32 (what registry and mrv1 need), bfloat16, float16."),
         click.option("--max-num-seqs", type=int, default=None, help="vLLM max_num_seqs (the batch range)."),
-        click.option("--path", "paths", multiple=True, help="Path(s): registry, mrv1, mrv2, flashinfer."),
+        click.option("--path", "paths", multiple=True,
+                     help="Path(s): registry, mrv1, mrv2, flashinfer, spec_decode (needs drafts)."),
+        click.option("--num-speculative-tokens", type=int, default=None,
+                     help="vLLM num_speculative_tokens: drafts per request (spec_decode, and the batch range)."),
+        click.option("--max-model-len", type=int, default=None,
+                     help="vLLM max_model_len (spec_decode: EAGLE's block-table width)."),
         click.option("--mode", type=click.Choice(["auto", "cross", "native"]), default="auto", show_default=True,
                      help="native: run on a visible GPU of the arch; cross: a faithful fake target; "
                           "auto: native if possible."),
@@ -164,10 +169,12 @@ def plan_options(recipe_help: str):
 
     def decorate(func):
         @functools.wraps(func)
-        def command(*args, gpus, vocabs, dtypes, max_num_seqs, paths, **kwargs):
+        def command(*args, gpus, vocabs, dtypes, max_num_seqs, paths, num_speculative_tokens, max_model_len,
+                    **kwargs):
             from .plan.recipe import PlanOverrides
 
-            return func(*args, overrides=PlanOverrides(gpus, vocabs, dtypes, max_num_seqs, paths), **kwargs)
+            overrides = PlanOverrides(gpus, vocabs, dtypes, max_num_seqs, paths, num_speculative_tokens, max_model_len)
+            return func(*args, overrides=overrides, **kwargs)
 
         for option in reversed(options):
             command = option(command)

@@ -1,9 +1,10 @@
 """Build recipes (``cache-manifests/*.toml``) -> a frozen, validated ``BuildPlan``.
 
-A recipe says which vLLM sampler paths to exercise, for which vocab sizes, logits dtypes, batch range
-and sampling modes, and for which GPU profiles. Every key is checked; an error names the file and the
-key. ``PlanOverrides`` (the flags ``build`` and ``verify`` share) override the file. ("Manifest" only
-ever means a bundle's manifest.json; the folder keeps its historical name.)
+A recipe says which vLLM sampler paths to exercise (and speculative decoding's, with drafts), for which
+vocab sizes, logits dtypes, batch range and sampling modes, and for which GPU profiles. Every key is
+checked; an error names the file and the key. ``PlanOverrides`` (the flags ``build`` and ``verify``
+share) override the file. ("Manifest" only ever means a bundle's manifest.json; the folder keeps its
+historical name.)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ..bundle.manifest import arch_to_capability, capability_to_arch
 from ..errors import RecipeError, UsageError
 from .gpus import PROFILES, GpuProfile
 
-PATHS = ("registry", "mrv1", "mrv2", "flashinfer")
+PATHS = ("registry", "mrv1", "mrv2", "flashinfer", "spec_decode")
 MODES = ("top_k", "top_p", "top_k_top_p")
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "cache-manifests" / "vllm-sampler.toml"
@@ -44,7 +45,9 @@ class PlanOverrides:
     vocabs: tuple[int, ...] | None = None  # vocab sizes (--vocab)
     dtypes: tuple[str, ...] | None = None  # logits dtypes (--dtype): float32 for the processed paths
     max_num_seqs: int | None = None  # vLLM max_num_seqs, the batch range (--max-num-seqs)
-    paths: tuple[str, ...] | None = None  # registry, mrv1, mrv2, flashinfer (--path)
+    paths: tuple[str, ...] | None = None  # registry, mrv1, mrv2, flashinfer, spec_decode (--path)
+    num_speculative_tokens: int | None = None  # drafts per request (--num-speculative-tokens)
+    max_model_len: int | None = None  # vLLM max_model_len (--max-model-len): EAGLE's block-table width
 
     def __post_init__(self) -> None:
         for name in ("gpus", "vocabs", "dtypes", "paths"):
@@ -69,6 +72,7 @@ class BuildPlan:
     gpus: tuple[GpuProfile, ...]
     max_num_seqs: int = 256
     num_speculative_tokens: int = 0
+    max_model_len: int = 8192
     seeded: bool = True
     unseeded: bool = True
     min_p: bool = True
@@ -101,9 +105,21 @@ class BuildPlan:
         ``overrides`` or the same fields as keywords (``plan.override(paths=["mrv2"])``)."""
         given = overrides or PlanOverrides(**flags)
         try:
-            return self._override(given.gpus, given.vocabs, given.dtypes, given.max_num_seqs, given.paths)
+            plan = self._override(given.gpus, given.vocabs, given.dtypes, given.max_num_seqs, given.paths)
+            return plan._override_serving(given.num_speculative_tokens, given.max_model_len)
         except RecipeError as exc:
             raise UsageError(str(exc)) from None
+
+    def _override_serving(self, num_speculative_tokens, max_model_len) -> BuildPlan:
+        changes: dict[str, Any] = {}
+        if num_speculative_tokens is not None:
+            changes["num_speculative_tokens"] = _natural(num_speculative_tokens, "--num-speculative-tokens",
+                                                         "command line")
+        if max_model_len is not None:
+            changes["max_model_len"] = _positive(max_model_len, "--max-model-len", "command line")
+        plan = replace(self, **changes)
+        _check_spec_decode(plan.paths, plan.num_speculative_tokens, "command line")
+        return plan
 
     def _override(self, gpus, vocabs, dtypes, max_num_seqs, paths) -> BuildPlan:
         where = "command line"
@@ -122,8 +138,8 @@ class BuildPlan:
 
 
 _TOP_KEYS = {"name", "description", "gpus", "vllm", "vocab", "gpu"}
-_VLLM_KEYS = {"paths", "max_num_seqs", "num_speculative_tokens", "modes", "seeded", "unseeded", "logits_dtypes",
-              "min_p", "fp64_gumbel"}
+_VLLM_KEYS = {"paths", "max_num_seqs", "num_speculative_tokens", "max_model_len", "modes", "seeded", "unseeded",
+              "logits_dtypes", "min_p", "fp64_gumbel"}
 
 
 def load(path: str | Path | None = None) -> BuildPlan:
@@ -151,7 +167,7 @@ def parse(data: dict, where: str) -> BuildPlan:
     gpus = data.get("gpus")
     if not isinstance(gpus, list) or not gpus:
         raise RecipeError(f"{where}: 'gpus' must be a non-empty list of GPU profile names")
-    return BuildPlan(
+    plan = BuildPlan(
         name=_file_word(data.get("name", Path(where).stem), "name", where),
         paths=_choices(vllm.get("paths", list(PATHS)), PATHS, "vllm.paths", where),
         vocabs=tuple(_vocab(v, i, where) for i, v in enumerate(vocabs)),
@@ -160,12 +176,21 @@ def parse(data: dict, where: str) -> BuildPlan:
         gpus=tuple(_profile(g, where, custom) for g in gpus),
         max_num_seqs=_positive(vllm.get("max_num_seqs", 256), "vllm.max_num_seqs", where),
         num_speculative_tokens=_natural(vllm.get("num_speculative_tokens", 0), "vllm.num_speculative_tokens", where),
+        max_model_len=_positive(vllm.get("max_model_len", 8192), "vllm.max_model_len", where),
         seeded=_bool(vllm.get("seeded", True), "vllm.seeded", where),
         unseeded=_bool(vllm.get("unseeded", True), "vllm.unseeded", where),
         min_p=_bool(vllm.get("min_p", True), "vllm.min_p", where),
         fp64_gumbel=_bool(vllm.get("fp64_gumbel", False), "vllm.fp64_gumbel", where),
         source=where,
     )
+    if "paths" in vllm:  # named on purpose: the default (every path) runs spec_decode only with drafts
+        _check_spec_decode(plan.paths, plan.num_speculative_tokens, where)
+    return plan
+
+
+def _check_spec_decode(paths: tuple[str, ...], num_speculative_tokens: int, where: str) -> None:
+    if "spec_decode" in paths and num_speculative_tokens < 1:
+        raise RecipeError(f"{where}: the spec_decode path needs num_speculative_tokens >= 1 (drafts per request)")
 
 
 def _known(table: dict, keys: set[str], prefix: str, where: str) -> None:
