@@ -155,8 +155,6 @@ class EagerLayout(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.cache: dict = {}
-        self.replays = 0
-        self.corrected = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -172,7 +170,6 @@ class EagerLayout(TorchDispatchMode):
         key = (func, _layout(args), _layout(tuple(sorted(kwargs.items()))))
         if key not in self.cache:
             self.cache[key] = _replay(func, args, kwargs)
-            self.replays += 1
         return self.cache[key]
 
     def _restride(self, out: Any, eager: list) -> Any:
@@ -181,7 +178,6 @@ class EagerLayout(TorchDispatchMode):
             if isinstance(tensor, torch.Tensor) and strides is not None and tuple(tensor.stride()) != strides:
                 tensors[i] = aten.empty_strided.default(tensor.shape, strides, dtype=tensor.dtype,
                                                         device=tensor.device)
-                self.corrected += 1
         return type(out)(tensors) if isinstance(out, (tuple, list)) else tensors[0]
 
 

@@ -205,20 +205,22 @@ def _mrv2_state(batch: int, vocab: int, mixed: bool) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--bundle", required=True)
-    parser.add_argument("--vocab", type=int, action="append", required=True)
+    parser.add_argument("--bundle")
+    parser.add_argument("--vocab", type=int, action="append")
     parser.add_argument("--max-batch", type=int, default=256)
     parser.add_argument("--work", default="/tmp/kc-sweep")
     parser.add_argument("--parallel", type=int, default=6)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out")
     parser.add_argument("--writable", action="store_true", help="No read-only mount: misses compile and are named "
                         "instead of failing; for listing what an older bundle lacks.")
     parser.add_argument("--no-cold", action="store_true", help="Skip the empty-cache runs (no output comparison).")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
+    if args.child:  # one vocab in a fresh process, started by run_child
         print(json.dumps(child(args.child, args.max_batch)))
         return 0
+    if not (args.bundle and args.vocab and args.out):
+        parser.error("--bundle, --vocab and --out are required")
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     base, how = install_read_only(Path(args.bundle), work, mount=not args.writable)
@@ -256,8 +258,7 @@ def run_child(job: tuple, max_batch: int, work: Path) -> dict:
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache_dir), "HOME": str(work / f"home-{cache}-{vocab}"),
            "VLLM_USE_FLASHINFER_SAMPLER": "0"}
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, __file__, "--bundle", "-", "--vocab", str(vocab), "--out", "-",
-                           "--max-batch", str(max_batch), "--child", str(vocab)],
+    done = subprocess.run([sys.executable, __file__, "--max-batch", str(max_batch), "--child", str(vocab)],
                           capture_output=True, text=True, env=env, timeout=1500)
     try:
         result = json.loads(done.stdout.strip().splitlines()[-1])
