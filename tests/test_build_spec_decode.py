@@ -1,4 +1,4 @@
-"""The spec_decode path on the CPU: a cross build of vLLM 0.33's speculative-decoding kernels for sm_90.
+"""The mrv1_spec_decode path on the CPU: a cross build of vLLM 0.33's V1-runner spec-decode kernels for sm_90.
 
 The bundle must hold every key vLLM's rejection sampler asks for on a random sweep of drafted batches the
 exercise never ran (tests/probes/spec_decode_keys.py, against the installed bundle: every call a disk hit),
@@ -32,7 +32,7 @@ REJECTION = {"rejection_greedy_sample_kernel", "rejection_random_sample_kernel",
 def spec_build(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("spec")
     done = kc("build", "--arch", ARCH, "--gpu", GPU, "--vocab", str(VOCAB), "--dtype", "float32",
-              "--path", "spec_decode", "--num-speculative-tokens", str(SPEC), "--max-num-seqs", str(SEQS),
+              "--path", "mrv1_spec_decode", "--num-speculative-tokens", str(SPEC), "--max-num-seqs", str(SEQS),
               "--max-model-len", "4096", "--mode", "cross", "-o", str(out), "--json", check=True, timeout=1500)
     return Path(json.loads(done.stdout)[0]["bundles"][0]["path"])
 
@@ -45,8 +45,8 @@ def test_bundle_holds_the_rejection_and_eagle_kernels(spec_build):
     # path adds the int32 ones the bonus Sampler really returns.
     assert names["rejection_greedy_sample_kernel"] == 4 and names["rejection_random_sample_kernel"] == 6, names
     plan = data["build"]["plan"]
-    assert (plan["num_speculative_tokens"], plan["max_model_len"], plan["paths"]) == (SPEC, 4096, ["spec_decode"])
-    assert set(data["build"]["coverage"]["rejection_greedy_sample_kernel"]["by_path"]) == {"spec_decode"}
+    assert (plan["num_speculative_tokens"], plan["max_model_len"], plan["paths"]) == (SPEC, 4096, ["mrv1_spec_decode"])
+    assert set(data["build"]["coverage"]["rejection_greedy_sample_kernel"]["by_path"]) == {"mrv1_spec_decode"}
 
 
 def test_every_key_the_rejection_sampler_asks_for_is_a_hit(spec_build, tmp_path):
@@ -69,8 +69,8 @@ def test_verify_replays_the_spec_decode_plan_with_no_compile(spec_build):
     assert report["ok"] and report["compiles"] == 0 and report["hits"] > 0 and report["unexercised"] == []
 
 
-@pytest.mark.parametrize("args", [["--path", "spec_decode"], ["--path", "spec_decode", "--num-speculative-tokens",
-                                                                "0"]])
+@pytest.mark.parametrize("args", [["--path", "mrv1_spec_decode"],
+                                  ["--path", "mrv1_spec_decode", "--num-speculative-tokens", "0"]])
 def test_spec_decode_without_drafts_is_a_usage_error(args, tmp_path):
     done = kc("build", "--arch", ARCH, "--gpu", GPU, "--vocab", str(VOCAB), *args, "-o", str(tmp_path))
     assert done.returncode == 2 and "num_speculative_tokens >= 1" in done.stderr, done.stderr

@@ -59,7 +59,7 @@ def test_round_trip_and_overrides(tmp_path):
     (GOOD + "\ncolour = = 1\n", "not valid TOML"),
     (GOOD + "\ncolour = 1\n", "unknown key 'vocab[0].colour'"),
     (GOOD.replace('name = "small"', 'name = "small"\nflavour = "x"'), "unknown key 'flavour'"),
-    (GOOD.replace('"mrv2"]', '"spec_decode"]'), "the spec_decode path needs num_speculative_tokens >= 1"),
+    (GOOD.replace('"mrv2"]', '"mrv1_spec_decode"]'), "the mrv1_spec_decode path needs num_speculative_tokens >= 1"),
     (GOOD.replace('[vllm]', '[vllm]\nmax_model_len = 0'), "'vllm.max_model_len' must be a positive integer"),
 ])
 def test_bad_manifests_name_the_file_and_key(tmp_path, text, message):
@@ -75,18 +75,18 @@ def test_bad_manifests_name_the_file_and_key(tmp_path, text, message):
 def test_spec_decode_runs_only_with_drafts(tmp_path):
     from kernelcache.plan.tasks import vocab_tasks
 
-    text = GOOD.replace('"mrv2"]', '"spec_decode"]').replace("[vllm]", "[vllm]\nnum_speculative_tokens = 3")
+    text = GOOD.replace('"mrv2"]', '"mrv1_spec_decode"]').replace("[vllm]", "[vllm]\nnum_speculative_tokens = 3")
     plan = plan_file.load(write(tmp_path, text))
-    [spec] = [t for t in vocab_tasks(plan, 128256) if t.label == "spec_decode"]
+    [spec] = [t for t in vocab_tasks(plan, 128256) if t.label == "mrv1_spec_decode"]
     assert spec.kwargs["num_speculative_tokens"] == 3 and spec.kwargs["max_model_len"] == 8192
     longer = plan.override(num_speculative_tokens=5, max_model_len=131072)
     assert (longer.num_speculative_tokens, longer.max_model_len) == (5, 131072)
     with pytest.raises(UsageError, match="num_speculative_tokens >= 1"):
         plan.override(num_speculative_tokens=0)
-    # The default (every path) asks for spec_decode only when the recipe has drafts: no task, no error.
+    # The default (every path) asks for mrv1_spec_decode only when the recipe has drafts: no task, no error.
     default = plan_file.load(write(tmp_path, GOOD.replace('paths = ["registry", "mrv2"]\n', "")))
-    assert "spec_decode" in default.paths and not [t for t in vocab_tasks(default, 128256)
-                                                   if t.label == "spec_decode"]
+    assert "mrv1_spec_decode" in default.paths and not [t for t in vocab_tasks(default, 128256)
+                                                   if t.label == "mrv1_spec_decode"]
 
 
 def test_custom_gpu_profiles(tmp_path):

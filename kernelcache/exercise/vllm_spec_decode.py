@@ -1,6 +1,6 @@
 """Drive vLLM's speculative-decoding Triton kernels so a build holds every key a server with drafts asks for.
 
-One exercise task (see exercise/worker.py), ``spec_decode``, in two parts:
+One exercise task (see exercise/worker.py), ``mrv1_spec_decode``, in two parts:
 
 * **registry**: vLLM's own ``JitWarmupRegistry`` over the registrations its spec-decode objects make at
   engine start: ``RejectionSampler.__init__`` (greedy and random rejection, ``_expand``, recovered-token

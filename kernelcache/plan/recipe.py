@@ -25,7 +25,7 @@ from ..bundle.manifest import arch_to_capability, capability_to_arch
 from ..errors import RecipeError, UsageError
 from .gpus import PROFILES, GpuProfile
 
-PATHS = ("registry", "mrv1", "mrv2", "flashinfer", "spec_decode")
+PATHS = ("registry", "mrv1", "mrv2", "flashinfer", "mrv1_spec_decode")
 MODES = ("top_k", "top_p", "top_k_top_p")
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "cache-manifests" / "vllm-sampler.toml"
@@ -45,7 +45,7 @@ class PlanOverrides:
     vocabs: tuple[int, ...] | None = None  # vocab sizes (--vocab)
     dtypes: tuple[str, ...] | None = None  # logits dtypes (--dtype): float32 for the processed paths
     max_num_seqs: int | None = None  # vLLM max_num_seqs, the batch range (--max-num-seqs)
-    paths: tuple[str, ...] | None = None  # registry, mrv1, mrv2, flashinfer, spec_decode (--path)
+    paths: tuple[str, ...] | None = None  # registry, mrv1, mrv2, flashinfer, mrv1_spec_decode (--path)
     num_speculative_tokens: int | None = None  # drafts per request (--num-speculative-tokens)
     max_model_len: int | None = None  # vLLM max_model_len (--max-model-len): EAGLE's block-table width
 
@@ -183,14 +183,14 @@ def parse(data: dict, where: str) -> BuildPlan:
         fp64_gumbel=_bool(vllm.get("fp64_gumbel", False), "vllm.fp64_gumbel", where),
         source=where,
     )
-    if "paths" in vllm:  # named on purpose: the default (every path) runs spec_decode only with drafts
+    if "paths" in vllm:  # named on purpose: the default (every path) runs mrv1_spec_decode only with drafts
         _check_spec_decode(plan.paths, plan.num_speculative_tokens, where)
     return plan
 
 
 def _check_spec_decode(paths: tuple[str, ...], num_speculative_tokens: int, where: str) -> None:
-    if "spec_decode" in paths and num_speculative_tokens < 1:
-        raise RecipeError(f"{where}: the spec_decode path needs num_speculative_tokens >= 1 (drafts per request)")
+    if "mrv1_spec_decode" in paths and num_speculative_tokens < 1:
+        raise RecipeError(f"{where}: the mrv1_spec_decode path needs num_speculative_tokens >= 1 (drafts per request)")
 
 
 def _known(table: dict, keys: set[str], prefix: str, where: str) -> None:

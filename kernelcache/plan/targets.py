@@ -22,7 +22,7 @@ REQUIRED_MODULES = {
     "mrv1": ("vllm.v1.sample.sampler", "the V1 (MRV1) Sampler"),
     "mrv2": ("vllm.v1.worker.gpu.sample.gumbel", "Model Runner V2's Gumbel sampler"),
     "flashinfer": ("flashinfer", "flashinfer-python"),
-    "spec_decode": ("vllm.v1.spec_decode.utils", "vLLM's speculative-decoding kernels"),
+    "mrv1_spec_decode": ("vllm.v1.spec_decode.utils", "vLLM's speculative-decoding kernels"),
 }
 
 

@@ -46,9 +46,9 @@ def vocab_tasks(plan: BuildPlan, vocab: int) -> tuple[Task, ...]:
             "vocab": vocab, "max_batch": max_batch, "modes": list(plan.modes) if processed else [],
             "model_dtypes": model_dtypes, "max_num_reqs": plan.max_num_seqs, "min_p": plan.min_p,
             "fp64_gumbel": plan.fp64_gumbel}, label="mrv2"))
-    if "spec_decode" in plan.paths and plan.num_speculative_tokens > 0 and processed:
+    if "mrv1_spec_decode" in plan.paths and plan.num_speculative_tokens > 0 and processed:
         tasks.append(Task(f"{SPEC_DECODE}:spec_decode", {
             "vocab": vocab, "max_num_seqs": plan.max_num_seqs, "num_speculative_tokens": plan.num_speculative_tokens,
             "max_model_len": plan.max_model_len, "dtypes": model_dtypes, "fp64_gumbel": plan.fp64_gumbel},
-            label="spec_decode"))
+            label="mrv1_spec_decode"))
     return tuple(tasks)
