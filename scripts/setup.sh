@@ -2,8 +2,9 @@
 # Create a venv with everything kernelcache's build and tests need on a CPU-only machine, for one of two stacks,
 # from the public package index alone:
 #   STACK=serving (default)  .venv      Python 3.12 + `uv pip install vllm==0.33.0` (vLLM's documented install),
-#                                       nothing pinned by us, as a user or vLLM's image resolves it: torch 2.14.0 (CUDA wheel; imports without a GPU), triton 3.8.0,
-#                                       flashinfer-python 0.7.2.post1. Bundles built here install in vLLM 0.33 images.
+#                                       nothing pinned by us, as a user or vLLM's image resolves it: torch 2.14.0
+#                                       (CUDA wheel; imports without a GPU), triton 3.8.0, flashinfer-python
+#                                       0.7.2.post1. Bundles built here install in vLLM 0.33 images.
 #   STACK=lab                .venv-lab  Python 3.12 + triton 3.6.0 + torch 2.11.0 (the torch release that pins
 #                                       triton==3.6.0; the GPU machine's stack), vLLM 0.33.0's pure-Python code.
 # Idempotent: re-running only installs what is missing. Override with PYTHON= (a 3.12 interpreter), VENV=.
@@ -46,7 +47,7 @@ UV=build/uv/bin/uv
 if ! [ -x "$UV" ]; then  # into a temporary dir, then one rename: two set-ups at once (scripts/test.sh) don't clash
   mkdir -p build
   tmp=$(mktemp -d build/uv.XXXXXX)
-  "$(python312)" -m pip install -q --disable-pip-version-check --target "$tmp" "uv>=0.9,<1"
+  PIP_ROOT_USER_ACTION=ignore "$(python312)" -m pip install -q --disable-pip-version-check --target "$tmp" "uv>=0.9,<1"
   mv -T "$tmp" build/uv 2>/dev/null || rm -rf "$tmp"
 fi
 # --seed: pip inside the venv too (the FlashInfer toolchain and the fingerprint tests run `python -m pip`).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up and run the whole test suite plus the linter, on both stacks (scripts/setup.sh):
 #   lab      .venv-lab runs ruff and pytest (Python 3.12, triton 3.6.0)
-#   serving  .venv (builds) and .venv-serve (a second plain `pip install vllm==0.33.0`, installs) are what
+#   serving  .venv (builds) and .venv-serve (a second plain `uv pip install vllm==0.33.0`, installs) are what
 #            tests/test_serving_stack.py drives (pytest -m serving): the examples' build of one vocab with every
 #            path, its install and cross verify in the other venv, the refusal of a lab bundle there, and
 #            `build --target-env`. The two serving venvs (about 9 GB of downloads; uv hard-links the second
