@@ -134,6 +134,15 @@ def test_activate_seeds_its_own_process(bundle90, tmp_path):
     assert json.loads(done.stdout) == {"seeded": True, "equal": True, "read_libtriton": False}, done.stderr
 
 
+def test_the_site_dir_goes_before_the_users_entries(bundle90, tmp_path):
+    cache = tmp_path / "c"
+    kc("install", str(bundle90), "--cache-dir", str(cache), "--no-gpu-check", check=True)
+    mine = os.pathsep.join(["/opt/mine", str(SITE), "/opt/other"])
+    variables = json.loads(kc("env", "--cache-dir", str(cache), "--json", env={"PYTHONPATH": mine},
+                              check=True).stdout)
+    assert variables["PYTHONPATH"].split(os.pathsep) == [str(SITE), "/opt/mine", "/opt/other"]
+
+
 def test_a_cache_without_kept_keys_changes_nothing(tmp_path):
     cache = tmp_path / "empty"
     cache.mkdir()

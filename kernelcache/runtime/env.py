@@ -38,16 +38,19 @@ def environment(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
 
 
 def triton_key_environment(root: Path, variables: dict[str, str]) -> dict[str, str]:
-    """``KERNELCACHE_TRITON_KEYS`` and the site dir first on PYTHONPATH, if ``root`` keeps Triton keys.
+    """``KERNELCACHE_TRITON_KEYS`` and the site dir on PYTHONPATH, if ``root`` keeps Triton keys.
 
-    First, as ``--read-only``'s overlay puts it: its sitecustomize runs any one it shadows."""
+    The site dir goes after FlashInfer's provider dirs and before every other entry: its sitecustomize must
+    not be shadowed by another one (it runs the one it shadows itself)."""
     folder = CacheDir(root).triton_keys
     if not folder.is_dir():
         return {}
     from .overlay import SITE_DIR
 
     current = variables.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    path = [str(SITE_DIR), *(p for p in current.split(os.pathsep) if p)]
+    entries = [p for p in current.split(os.pathsep) if p and p != str(SITE_DIR)]
+    providers = [p for p in entries if flashinfer.is_site_path(p)]
+    path = [*providers, str(SITE_DIR), *(p for p in entries if p not in providers)]
     return {kernelcache_tritonkey.ENV_VAR: str(folder), "PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
 
 
