@@ -119,16 +119,14 @@ def seed(cache_module, folder: str | None = None) -> None:
     cache_module.triton_key = triton_key
 
 
-class _SeedOnImport(importlib.abc.MetaPathFinder):
-    """Load ``triton.runtime.cache`` normally, then ``seed`` it (once)."""
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Let module ``name`` load normally, then call ``then(module)`` (once). Also sitecustomize's hook."""
 
-    NAME = "triton.runtime.cache"
-
-    def __init__(self, folder: str):
-        self.folder = folder
+    def __init__(self, name, then):
+        self.name, self.then = name, then
 
     def find_spec(self, name, path=None, target=None):
-        if name != self.NAME:
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -138,16 +136,19 @@ class _SeedOnImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             load(module)
-            seed(module, self.folder)
+            self.then(module)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
+CACHE_MODULE = "triton.runtime.cache"
+
+
 def seed_on_import(folder: str) -> None:
     """Seed ``triton.runtime.cache`` in this process: now if it is imported, else when it is."""
-    module = sys.modules.get(_SeedOnImport.NAME)
+    module = sys.modules.get(CACHE_MODULE)
     if module is not None:
         seed(module, folder)
-    elif not any(isinstance(f, _SeedOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _SeedOnImport(folder))
+    elif not any(isinstance(f, AfterImport) and f.name == CACHE_MODULE for f in sys.meta_path):
+        sys.meta_path.insert(0, AfterImport(CACHE_MODULE, functools.partial(seed, folder=folder)))

@@ -15,11 +15,12 @@ Nothing here imports Triton early; processes that never import it are untouched.
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
 import sys
+
+from kernelcache_tritonkey import AfterImport, seed_on_import  # this directory: standard library only
 
 KERNELCACHE_OVERLAY_LISTENER = False  # True once Triton's listener points here (kernelcache_overlay checks)
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,29 +54,6 @@ def _attach(knobs) -> None:
     KERNELCACHE_OVERLAY_LISTENER = True
 
 
-class _After(importlib.abc.MetaPathFinder):
-    """Let module ``name`` load normally, then call ``then(module)`` (once)."""
-
-    def __init__(self, name, then):
-        self.name, self.then = name, then
-
-    def find_spec(self, name, path=None, target=None):
-        if name != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        load = spec.loader.exec_module
-
-        def exec_module(module):
-            load(module)
-            self.then(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def _record_compiles(triton) -> None:
     """Every compile() and gcc build of this process into KERNELCACHE_COMPILE_LOG."""
     from kernelcache.exercise import listener
@@ -88,10 +66,8 @@ try:
     _run_shadowed_sitecustomize()
 finally:
     if os.environ.get("KERNELCACHE_MISS_LOG") and "kernelcache_overlay" in os.environ.get("TRITON_CACHE_MANAGER", ""):
-        sys.meta_path.insert(0, _After("triton.knobs", _attach))
+        sys.meta_path.insert(0, AfterImport("triton.knobs", _attach))
     if os.environ.get("KERNELCACHE_TRITON_KEYS"):
-        import kernelcache_tritonkey
-
-        kernelcache_tritonkey.seed_on_import(os.environ["KERNELCACHE_TRITON_KEYS"])
+        seed_on_import(os.environ["KERNELCACHE_TRITON_KEYS"])
     if os.environ.get("KERNELCACHE_COMPILE_LOG"):
-        sys.meta_path.insert(0, _After("triton", _record_compiles))
+        sys.meta_path.insert(0, AfterImport("triton", _record_compiles))
