@@ -68,8 +68,8 @@ def save_triton_key(cache: CacheDir, key: EnvironmentKey) -> None:
     if module is None or not key.triton or not cache.state.is_dir():
         return
     root = kernelcache_tritonkey.triton_root(module)
-    if {rel: list(stat) for rel, stat in key.triton.items()} != kernelcache_tritonkey.triton_files(root):
+    files = {rel: list(stat) for rel, stat in key.triton.items()}
+    if files != kernelcache_tritonkey.triton_files(root):
         return  # another Triton than the key's, or one that changed since
     with contextlib.suppress(OSError):
-        kernelcache_tritonkey.save_key(os.fspath(cache.triton_keys), root, module.triton_key(),
-                                       {rel: list(stat) for rel, stat in key.triton.items()})
+        kernelcache_tritonkey.save_key(os.fspath(cache.triton_keys), root, module.triton_key(), files)

@@ -103,21 +103,15 @@ def _sm_count() -> int:
 
 def registry(vocab: int, max_num_seqs: int, num_speculative_tokens: int = 0) -> dict:
     """vLLM's own compile-key enumeration and warmup for the top-k/top-p kernels."""
-    from types import SimpleNamespace
-
     from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
     from vllm.v1.sample.ops.topk_topp_sampler import register_top_k_top_p_warmups
 
     _require_triton()
-    config = SimpleNamespace(
-        model_config=SimpleNamespace(get_vocab_size=lambda: vocab),
-        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
-        num_speculative_tokens=num_speculative_tokens,
-    )
+    config = registry_config(vocab, max_num_seqs, num_speculative_tokens)
     reg = JitWarmupRegistry(config)
     with reg.activate():
         register_top_k_top_p_warmups()
-    keys = {_kernel_name(kernel): len(set(kernel.get_warmup_keys(vllm_config=config)))
+    keys = {kernel_name(kernel): len(set(kernel.get_warmup_keys(vllm_config=config)))
             for kernel in reg._registrations}
     if not keys:
         raise RuntimeError("vLLM registered no top-k/top-p warmups for this platform")
@@ -125,7 +119,16 @@ def registry(vocab: int, max_num_seqs: int, num_speculative_tokens: int = 0) -> 
     return {"registrations": len(reg), "keys": keys}
 
 
-def _kernel_name(dispatcher: Any) -> str:
+def registry_config(vocab: int, max_num_seqs: int, num_speculative_tokens: int) -> Any:
+    """The parts of a ``VllmConfig`` vLLM's warmup registrations read."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(model_config=SimpleNamespace(get_vocab_size=lambda: vocab),
+                           scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+                           num_speculative_tokens=num_speculative_tokens)
+
+
+def kernel_name(dispatcher: Any) -> str:
     kernel = getattr(dispatcher, "kernel", None)
     fn = getattr(kernel, "fn", kernel)
     return getattr(fn, "__name__", type(dispatcher).__name__)

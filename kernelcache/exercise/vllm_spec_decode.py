@@ -21,9 +21,18 @@ Cross mode runs behind the fake target as the sampler paths do (exercise/vllm_sa
 from __future__ import annotations
 
 from collections import Counter
-from types import SimpleNamespace
 
-from .vllm_sampler import MODES, _device_scope, _generator, _model_logits, _mrv1_metadata, _replace, _require_triton
+from .vllm_sampler import (
+    MODES,
+    _device_scope,
+    _generator,
+    _model_logits,
+    _mrv1_metadata,
+    _replace,
+    _require_triton,
+    kernel_name,
+    registry_config,
+)
 
 
 def spec_decode(vocab: int, max_num_seqs: int, num_speculative_tokens: int, max_model_len: int,
@@ -53,9 +62,7 @@ def registry(vocab: int, max_num_seqs: int, num_speculative_tokens: int, max_mod
     from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
     from vllm.v1.spec_decode import utils
 
-    config = SimpleNamespace(model_config=SimpleNamespace(get_vocab_size=lambda: vocab),
-                             scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
-                             num_speculative_tokens=num_speculative_tokens)
+    config = registry_config(vocab, max_num_seqs, num_speculative_tokens)
     reg = JitWarmupRegistry(config)
     with reg.activate():
         _rejection_sampler(fp64_gumbel)
@@ -65,7 +72,7 @@ def registry(vocab: int, max_num_seqs: int, num_speculative_tokens: int, max_mod
         utils._eagle_prepare_inputs_padded.register_warmup(max_batch_size=max_num_seqs)
         utils._eagle_prepare_next_token_padded.register_warmup(
             vocab_size=vocab, num_sampled_tokens_per_req=num_speculative_tokens + 1, max_batch_size=max_num_seqs)
-    keys = {_name(kernel): len(_keys(kernel, calls, config)) for kernel, calls in reg._registrations.items()}
+    keys = {kernel_name(kernel): len(_keys(kernel, calls, config)) for kernel, calls in reg._registrations.items()}
     reg.warmup()
     return keys
 
@@ -80,12 +87,6 @@ def _keys(kernel, calls, config) -> set:
             kwargs = {"vllm_config": config}
         found.update(kernel.get_warmup_keys(*args, **kwargs))
     return found
-
-
-def _name(dispatcher) -> str:
-    kernel = getattr(dispatcher, "kernel", None)
-    fn = getattr(kernel, "fn", kernel)
-    return getattr(fn, "__name__", type(dispatcher).__name__)
 
 
 def rejection(vocab: int, max_num_seqs: int, num_speculative_tokens: int, dtypes: list[str]) -> dict:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..cachedir import STATE_DIR, CacheDir, resolve_cache_dir
 from ..errors import BaseUnusable, StorageError, UsageError
+from .site import kernelcache_tritonkey
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
 MANAGER = "kernelcache_overlay:OverlayCacheManager"
@@ -44,7 +45,7 @@ class Overlay:
     def _triton_keys(self) -> dict[str, str]:
         """The base's kept ``triton_key()`` values (runtime/site/kernelcache_tritonkey.py), if it has any."""
         folder = CacheDir(self.base).triton_keys
-        return {"KERNELCACHE_TRITON_KEYS": str(folder)} if folder.is_dir() else {}
+        return {kernelcache_tritonkey.ENV_VAR: str(folder)} if folder.is_dir() else {}
 
 
 def default_overlay() -> Path:
