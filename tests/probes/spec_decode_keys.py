@@ -9,47 +9,13 @@ probabilities or not, fp32 or bf16 logits. Prints one JSON line per compile() ca
     python spec_decode_keys.py CAPABILITY SM_COUNT VOCAB MAX_NUM_SEQS NUM_SPECULATIVE_TOKENS
 """
 
-import json
-import os
 import random
 import sys
 
+import probe_target  # this folder: the fake target, a CUDA platform, the compile log
+
 capability, sm_count, vocab, max_num_seqs, num_spec = map(int, sys.argv[1:6])
-os.environ["CUDA_VISIBLE_DEVICES"] = ""
-os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
-os.environ["TQDM_DISABLE"] = "1"
-
-import triton  # noqa: E402
-
-events = []
-
-
-def listener(*, src, metadata, metadata_group, times, cache_hit):
-    import base64
-
-    key = base64.b32encode(bytes.fromhex(metadata["hash"])).decode().rstrip("=")
-    events.append({"name": src.name, "key": key, "hit": cache_hit})
-
-
-triton.knobs.compilation.listener = listener
-from kernelcache.exercise import fake_target  # noqa: E402
-
-fake_target.activate(capability, sm_count, prebuild=False)
-
-import vllm.platforms  # noqa: E402
-from vllm.platforms.interface import Platform, PlatformEnum  # noqa: E402
-
-
-class ProbeCuda(Platform):
-    _enum = PlatformEnum.CUDA
-    device_name = device_type = "cuda"
-
-    @classmethod
-    def num_compute_units(cls, device_id=0):
-        return sm_count
-
-
-vllm.platforms._current_platform = ProbeCuda()
+events = probe_target.start(capability, sm_count)
 
 import torch  # noqa: E402
 from vllm.v1.sample.logits_processor import LogitsProcessors  # noqa: E402
@@ -90,5 +56,4 @@ with fake_cuda():
             logits = torch.empty((tokens + batch, padded), dtype=dtype, device="cuda")[:, :vocab]
             probs = torch.empty((tokens, vocab), dtype=torch.float32, device="cuda") if rng.random() < 0.5 else None
             rejection(spec, probs, logits, md)
-for e in events:
-    print(json.dumps(e))
+probe_target.report(events)

@@ -8,46 +8,12 @@ per compile() call: {"name", "key", "hit"}.
     python vllm_keys.py CAPABILITY SM_COUNT VOCAB MAX_NUM_SEQS
 """
 
-import json
-import os
 import sys
 
+import probe_target  # this folder: the fake target, a CUDA platform, the compile log
+
 capability, sm_count, vocab, max_num_seqs = map(int, sys.argv[1:5])
-os.environ["CUDA_VISIBLE_DEVICES"] = ""
-os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
-os.environ["TQDM_DISABLE"] = "1"
-
-import triton  # noqa: E402
-
-events = []
-
-
-def listener(*, src, metadata, metadata_group, times, cache_hit):
-    import base64
-
-    key = base64.b32encode(bytes.fromhex(metadata["hash"])).decode().rstrip("=")
-    events.append({"name": src.name, "key": key, "hit": cache_hit})
-
-
-triton.knobs.compilation.listener = listener
-from kernelcache.exercise import fake_target  # noqa: E402
-
-fake_target.activate(capability, sm_count, prebuild=False)
-
-import vllm.platforms  # noqa: E402
-from vllm.platforms.interface import Platform, PlatformEnum  # noqa: E402
-
-
-class ProbeCuda(Platform):
-    _enum = PlatformEnum.CUDA
-    device_name = device_type = "cuda"
-
-    @classmethod
-    def num_compute_units(cls, device_id=0):
-        return sm_count
-
-
-vllm.platforms._current_platform = ProbeCuda()
+events = probe_target.start(capability, sm_count)
 
 import torch  # noqa: E402
 from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry  # noqa: E402
@@ -105,5 +71,4 @@ with fake_cuda():
             # MRV2 greedy / unprocessed requests: the raw fp32 LM-head logits, temperature inside the kernel
             gumbel_sample(lm_head(b, torch.float32), idx, temp, seeds, torch.zeros(b, dtype=torch.int64, device="cuda"),
                           apply_temperature=True, is_drafting=False)
-for e in events:
-    print(json.dumps(e))
+probe_target.report(events)
