@@ -4,12 +4,7 @@
 # Run from the repo root with carry [".carry"] (scripts/gpu/prepare_carry.sh makes the vLLM tree; build the
 # bundle on the CPU with the lab stack: see BENCHMARKS.md "Fidelity sweep" for the command).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-T=/tmp/kcs; rm -rf $T; mkdir -p $T
-python3 -c "import tarfile; tarfile.open('.carry/vllm-h200.tar.xz').extractall('$T/vx', filter='fully_trusted')"
-export PYTHONPATH=$PWD/scripts/gpu/site:$PWD:$T/vx/site:$T/vx/vllm PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
-  python3 -c "import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__)"; } > $OUT/env.txt 2>&1
+source scripts/gpu/harness.sh /tmp/kcs
 bundle=$(ls .carry/sweep/*.tar.zst | head -1)
 vocabs=""; for v in ${VOCABS:-}; do vocabs="$vocabs --vocab $v"; done
 [ -n "$vocabs" ] || vocabs=$(python3 -c "

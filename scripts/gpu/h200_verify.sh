@@ -7,14 +7,10 @@
 #   more from a read-only bind mount. Results: $OUT/verify.json plus logs.
 # Run from the repo root with carry [".carry"] (prepare with scripts/gpu/prepare_carry.sh).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-T=/tmp/kc; rm -rf $T; mkdir -p $T
-python3 -c "import tarfile; tarfile.open('.carry/vllm-h200.tar.xz').extractall('$T/vx', filter='fully_trusted')"
-export PYTHONPATH=$PWD/scripts/gpu/site:$PWD:$T/vx/site:$T/vx/vllm
-export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+source scripts/gpu/harness.sh /tmp/kc
+export VLLM_USE_FLASHINFER_SAMPLER=0
 KC="python3 -m kernelcache"
 ARGS="--arch sm_90 --gpu h200 --vocab 128256 --vocab 151936 --dtype float32 --dtype bfloat16 --path registry --path mrv1 --path mrv2 --jobs 2"
-{ nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader; python3 -c "import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__)"; } > $OUT/env.txt 2>&1
 start=$(date +%s)
 (HOME=$T/home-a $KC build $ARGS --mode native -o $T/bundles/a --json > $T/a.json 2> $T/a.err; echo $? > $T/a.rc) &
 (HOME=$T/home-b CUDA_VISIBLE_DEVICES="" $KC build $ARGS --mode cross -o $T/bundles/b --json > $T/b.json 2> $T/b.err; echo $? > $T/b.rc) &
