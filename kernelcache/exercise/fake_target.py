@@ -13,9 +13,11 @@ Use one process per target: Triton memoises the target per JIT function and devi
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -185,7 +187,10 @@ def libcuda_symbols() -> list[str]:
 
 def build_libcuda_stub(directory: str | None = None) -> Path:
     """A ``libcuda.so.1`` defining the driver symbols (each fails with CUDA_ERROR_UNKNOWN), for linking only."""
-    out = Path(directory or tempfile.mkdtemp(prefix="kernelcache-libcuda-"))
+    if directory is None:  # this process's own: gone when it exits (launchers load it until then)
+        directory = tempfile.mkdtemp(prefix="kernelcache-libcuda-")
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    out = Path(directory)
     target = out / "libcuda.so.1"
     if target.exists():
         return out
