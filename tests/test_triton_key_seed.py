@@ -51,7 +51,7 @@ def test_kept_key_is_returned_while_every_file_is_unchanged(tmp_path):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("change", ["touch libtriton", "rewrite a compiler file", "add a language file",
+@pytest.mark.parametrize("change", ["rewrite libtriton", "rewrite a compiler file", "add a language file",
                                     "remove a backend file", "another root", "another extension suffix",
                                     "corrupt record", "no record"])
 def test_any_change_falls_back_to_tritons_computation(tmp_path, change):
@@ -59,8 +59,8 @@ def test_any_change_falls_back_to_tritons_computation(tmp_path, change):
     module = fake_triton(root)
     tk.save_key(str(folder), str(root), "kept", tk.triton_files(str(root)))
     record = Path(tk.record_path(str(folder), str(root)))
-    if change == "touch libtriton":
-        os.utime(root / "_C" / "libtriton.so", ns=(1, 1))
+    if change == "rewrite libtriton":  # same size, new content, the old mtime: only ctime and content tell
+        rewrite(root / "_C" / "libtriton.so", "# _C/libtritoN.so\n")
     elif change == "rewrite a compiler file":  # same size, new content
         (root / "compiler" / "compiler.py").write_text("# compiler/compilez.py\n")
     elif change == "add a language file":
@@ -79,6 +79,64 @@ def test_any_change_falls_back_to_tritons_computation(tmp_path, change):
         record.unlink()
     tk.seed(module, str(folder))
     assert module.triton_key() == "computed" and module.calls == [1]
+
+
+def rewrite(path: Path, text: str) -> None:
+    """New content, the old mtime (as a copy that keeps mtimes would leave it); ctime moves."""
+    before = path.stat()
+    path.write_text(text)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def restamp(root: Path) -> None:
+    """Every file's ctime moves, nothing else: what unpacking an image's layers on another node does."""
+    for path in root.rglob("*"):
+        if path.is_file():
+            st = path.stat()
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.fast
+def test_new_ctimes_with_the_same_contents_keep_the_key(tmp_path):
+    root, folder = (tmp_path / "triton").resolve(), tmp_path / "keys"
+    module = fake_triton(root)
+    tk.save_key(str(folder), str(root), "kept", tk.triton_files(str(root)))
+    record = Path(tk.record_path(str(folder), str(root)))
+    restamp(root)
+    assert json.loads(record.read_text())["files"] != tk.triton_files(str(root))
+    tk.seed(module, str(folder))
+    assert module.triton_key() == "kept" and module.calls == []
+    # The record now holds the new stats: the next process takes the stat check.
+    assert json.loads(record.read_text())["files"] == tk.triton_files(str(root))
+
+
+def shared_library(path: Path, body: str) -> Path:
+    """A real ELF shared library with a GNU build ID (gcc, ``ld --build-id``)."""
+    source = path.with_suffix(".c")
+    source.write_text(body)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,--build-id=sha1", "-o", str(path), str(source)], check=True)
+    source.unlink()
+    return path
+
+
+@pytest.mark.fast
+def test_a_shared_library_is_known_by_size_and_build_id_without_reading_it(tmp_path):
+    root, folder = (tmp_path / "triton").resolve(), tmp_path / "keys"
+    module = fake_triton(root)
+    lib = shared_library(root / "_C" / "libtriton.so", "int triton(void) { return 1; }\n")
+    other = shared_library(tmp_path / "other.so", "int triton(void) { return 2; }\n")
+    ident = tk.identity(str(lib))
+    assert ident.startswith(f"elf:{lib.stat().st_size}:") and len(tk.build_id(str(lib))) == 40
+    assert tk.build_id(str(other)) != tk.build_id(str(lib)) and tk.build_id(str(root / "__init__.py")) is None
+    tk.save_key(str(folder), str(root), "kept", tk.triton_files(str(root)))
+    restamp(root)
+    assert tk.kept_key(str(folder), str(root)) == "kept"
+    # Another build of the library, put back with the old mtime: its build ID differs, the key is recomputed.
+    before = lib.stat()
+    lib.write_bytes(other.read_bytes())
+    os.utime(lib, ns=(before.st_atime_ns, before.st_mtime_ns))
+    tk.seed(module, str(folder))
+    assert module.triton_key() == "computed"
 
 
 def served(python: str, cache: Path, *, read_only: bool = False) -> dict:
@@ -106,8 +164,9 @@ def test_a_served_process_takes_the_kept_key_and_never_reads_libtriton(bundle90,
 
 
 def test_a_kept_key_that_lies_is_used_only_while_the_files_hold(bundle90, tmp_path):
-    """The record is trusted by stat alone (that is its point): a changed value with unchanged files is taken,
-    and the same record after Triton's files changed is not (test_fingerprint_cache swaps a real Triton)."""
+    """The record is trusted by stat (or content) alone (that is its point): a changed value with unchanged
+    files is taken, and the same record once neither the stats nor the contents hold is not
+    (test_fingerprint_cache swaps a real Triton)."""
     cache = tmp_path / "c"
     kc("install", str(bundle90), "--cache-dir", str(cache), "--no-gpu-check", check=True)
     [record] = (cache / ".kernelcache" / "triton-keys").glob("*.json")
@@ -115,7 +174,8 @@ def test_a_kept_key_that_lies_is_used_only_while_the_files_hold(bundle90, tmp_pa
     record.write_text(json.dumps({**data, "triton_key": "lie"}))
     assert served(sys.executable, cache)["equal"] is False
     first = next(iter(data["files"]))
-    data["files"][first][1] += 1  # the record's view of one file's mtime no longer holds
+    data["files"][first][1] += 1  # the record's view of one file's mtime no longer holds,
+    data["content"][first] = "sha256:" + "0" * 64  # nor of its contents
     record.write_text(json.dumps({**data, "triton_key": "lie"}))
     assert served(sys.executable, cache) == {"seeded": True, "equal": True, "read_libtriton": True}
 

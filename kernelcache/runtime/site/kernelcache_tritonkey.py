@@ -9,9 +9,16 @@ with the (size, mtime_ns, ctime_ns) of every file the computation reads. ``kerne
 calls ``seed`` right after ``triton.runtime.cache`` is imported, before any other module binds the name.
 
 The replacement returns the kept value only when the record names this Triton directory and extension
-suffix and every file the computation reads has the stat it had then, the same files and no others (a
-reinstall writes new files; a copy that keeps mtimes still gets a new ctime). Otherwise it computes the key
-as Triton does. Standard library only: this runs inside the served interpreter, before anything else.
+suffix and the files the computation reads are the same files, and no others, as when it was kept:
+* first by their stat, as it was then (a reinstall writes new files; a copy that keeps mtimes still gets a
+  new ctime): a few stat calls;
+* else by their contents (``identity``): a container image baked with the install and unpacked on another
+  node keeps every byte but not the ctimes. Sources are hashed (about 0.6 MB, a few ms); a shared library
+  is known by its size and its GNU build ID, which the linker derives from the library's contents
+  (``ld --build-id``; libtriton.so carries one), so the 400 MB are not read. A match rewrites the record's
+  stats when the folder is writable, so the next process takes the first check.
+Otherwise it computes the key as Triton does. Standard library only: this runs inside the served
+interpreter, before anything else.
 """
 
 from __future__ import annotations
@@ -78,19 +85,94 @@ def kept_key(folder: str, root: str) -> str | None:
         return None
     if not isinstance(record, dict) or record.get("root") != root:
         return None
-    if record.get("suffix") != sysconfig.get_config_var("EXT_SUFFIX") or record.get("files") != triton_files(root):
-        return None
     key = record.get("triton_key")
-    return key if isinstance(key, str) and key else None
+    if record.get("suffix") != sysconfig.get_config_var("EXT_SUFFIX") or not isinstance(key, str) or not key:
+        return None
+    files = triton_files(root)
+    if record.get("files") == files:
+        return key
+    if not _same_contents(root, record.get("content"), files):
+        return None
+    with contextlib.suppress(OSError):  # a read-only cache keeps the old stats: the next process checks again
+        _write(folder, root, {**record, "files": files})
+    return key
+
+
+def _same_contents(root: str, content, files: dict) -> bool:
+    """Whether ``files`` (this walk) are the recorded files, each with the recorded identity."""
+    if not isinstance(content, dict) or set(content) != set(files):
+        return False
+    return all(ident is not None and identity(os.path.join(root, rel)) == ident for rel, ident in content.items())
+
+
+def identity(path: str) -> str | None:
+    """A file's contents in one string: ``elf:<size>:<GNU build ID>`` for a shared library that has one,
+    else ``sha256:<hex>`` for a file up to 16 MiB, else None (too big to hash cheaply: not checked)."""
+    import hashlib
+
+    try:
+        size = os.path.getsize(path)
+        build = build_id(path)
+        if build:
+            return f"elf:{size}:{build}"
+        if size > 16 << 20:
+            return None
+        with open(path, "rb") as f:
+            return "sha256:" + hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def build_id(path: str) -> str | None:
+    """The GNU build ID note of a 64-bit little-endian ELF file (its PT_NOTE segments), or None."""
+    import struct
+
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+            return None
+        (phoff,), (phentsize, phnum) = struct.unpack_from("<Q", head, 0x20), struct.unpack_from("<HH", head, 0x36)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+        for i in range(phnum if len(table) == phentsize * phnum else 0):
+            kind, _, offset, _, _, size = struct.unpack_from("<IIQQQQ", table, i * phentsize)
+            if kind == 4:  # PT_NOTE
+                f.seek(offset)
+                found = _gnu_build_id(f.read(min(size, 1 << 16)))
+                if found:
+                    return found
+    return None
+
+
+def _gnu_build_id(notes: bytes) -> str | None:
+    import struct
+
+    pos = 0
+    while pos + 12 <= len(notes):
+        namesz, descsz, kind = struct.unpack_from("<III", notes, pos)
+        name = pos + 12
+        desc = name + ((namesz + 3) & ~3)
+        if kind == 3 and notes[name:name + namesz] == b"GNU\0":  # NT_GNU_BUILD_ID
+            return notes[desc:desc + descsz].hex() or None
+        pos = desc + ((descsz + 3) & ~3)
+    return None
 
 
 def save_key(folder: str, root: str, key: str, files: dict[str, list[int]]) -> None:
-    """Keep ``key``, computed from ``files`` (their stats before the computation), in ``folder``: one rename."""
-    import json
+    """Keep ``key``, computed from ``files`` (their stats before the computation), in ``folder``: one rename.
+    Each file's identity is kept too, unless a file changed meanwhile (then only the stats can match)."""
     import sysconfig
+
+    content = {rel: identity(os.path.join(root, rel)) for rel in files}
+    record = {"root": root, "suffix": sysconfig.get_config_var("EXT_SUFFIX"), "files": files, "triton_key": key,
+              "content": content if triton_files(root) == files else None}
+    _write(folder, root, record)
+
+
+def _write(folder: str, root: str, record: dict) -> None:
+    import json
     import tempfile
 
-    record = {"root": root, "suffix": sysconfig.get_config_var("EXT_SUFFIX"), "files": files, "triton_key": key}
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
     try:
