@@ -45,7 +45,7 @@ from .bundle.envkey import KnownEnvironment, environment_key
 from .bundle.fingerprint import Difference, compare, compare_gpu, local_environment
 from .bundle.manifest import Environment, Kernel, Manifest
 from .cachedir import CacheDir, Journal, Receipt, atomic_write, publish_entries, recover, resolve_cache_dir
-from .cachedir.fingerprints import load_fingerprint, save_fingerprint, save_triton_key
+from .cachedir.fingerprints import load_fingerprint, save_fingerprint, save_triton_key, seed_triton_key
 from .cachedir.flashinfer_site import write_site
 from .errors import (
     ArchMismatch,
@@ -183,6 +183,7 @@ def environment_here(archs: Iterable[str], cache: CacheDir) -> tuple[Environment
     known = load_fingerprint(cache, key)
     if known is not None and known.covers(key, wanted):
         return known.environment, None
+    seed_triton_key(cache)  # an earlier install's, if Triton's files still hold it: no libtriton hash
     environment = local_environment(sorted(wanted | set(known.environment.ptxas if known else ())))
     return environment, KnownEnvironment(key, environment) if environment_key() == key else None
 

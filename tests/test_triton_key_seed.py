@@ -180,6 +180,38 @@ def test_a_kept_key_that_lies_is_used_only_while_the_files_hold(bundle90, tmp_pa
     assert served(sys.executable, cache) == {"seeded": True, "equal": True, "read_libtriton": True}
 
 
+COUNTED_INSTALL = r"""
+import json, sys
+import triton.runtime.cache as cache
+from kernelcache.cli import main
+computed, original = [], cache.triton_key
+cache.triton_key = lambda: computed.append(1) or original()
+try:
+    main(["install", sys.argv[1], "--cache-dir", sys.argv[2], "--no-gpu-check"])
+except SystemExit as exit:
+    assert not exit.code, exit.code
+print(json.dumps({"computed": len(computed)}))
+"""
+
+
+def test_an_install_on_restamped_files_takes_the_kept_key(bundle90, tmp_path):
+    """An image baked with the install, unpacked on another node: same bytes, new ctimes. The install's
+    fingerprint no longer holds by stat and is computed again, but without hashing libtriton.so."""
+    import triton
+
+    cache = tmp_path / "c"
+    kc("install", str(bundle90), "--cache-dir", str(cache), "--no-gpu-check", check=True)
+    restamp(Path(triton.__file__).parent)
+    counted = subprocess.run([sys.executable, "-c", COUNTED_INSTALL, str(bundle90), str(cache)],
+                             env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert counted.returncode == 0, counted.stderr[-3000:]
+    assert json.loads(counted.stdout.strip().splitlines()[-1]) == {"computed": 0}
+    # Control: the same install into a dir without a kept key computes it.
+    fresh = subprocess.run([sys.executable, "-c", COUNTED_INSTALL, str(bundle90), str(tmp_path / "fresh")],
+                           env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert json.loads(fresh.stdout.strip().splitlines()[-1])["computed"] > 0, fresh.stderr[-3000:]
+
+
 ACTIVATED = r"""
 import json, sys, kernelcache
 variables = kernelcache.activate(cache_dir=sys.argv[1])

@@ -73,3 +73,16 @@ def save_triton_key(cache: CacheDir, key: EnvironmentKey) -> None:
         return  # another Triton than the key's, or one that changed since
     with contextlib.suppress(OSError):
         kernelcache_tritonkey.save_key(os.fspath(cache.triton_keys), root, module.triton_key(), files)
+
+
+def seed_triton_key(cache: CacheDir) -> None:
+    """Let this process take the ``triton_key()`` an earlier install kept in ``cache``, when Triton's files
+    still hold it (by stat, or by content: an image unpacked on another node), instead of hashing
+    libtriton.so again. Imports Triton: only for a fingerprint that must be computed anyway."""
+    if not cache.triton_keys.is_dir():
+        return
+    try:
+        import triton.runtime.cache as module
+    except ImportError:
+        return  # the fingerprint's own import says what is missing
+    kernelcache_tritonkey.seed(module, os.fspath(cache.triton_keys))
