@@ -1,0 +1,229 @@
+"""Drive vLLM 0.33's fused-MoE layer so a build holds every Triton key an unquantized MoE model asks for.
+
+One exercise task (see exercise/worker.py), ``moe``. What a server runs for a bf16/fp16 MoE model on
+Hopper, in vLLM 0.33:
+
+* the model builds its experts with ``FusedMoEFactory`` (fused_moe/layer.py:92; Qwen3-MoE at
+  models/qwen3_moe.py:203), which makes the router (``FusedTopKRouter``), the ``RoutedExperts`` holding the
+  weights and an ``UnquantizedFusedMoEMethod``, whose oracle picks the backend: on SM90 the FlashInfer
+  backends go to the back of the list, so ``TRITON`` -> ``TritonExperts`` (fused_moe/oracle/unquantized.py:
+  78-80, 134-139), wrapped with ``MoEPrepareAndFinalizeNoDPEPModular`` in a ``FusedMoEKernel``
+  (oracle/unquantized.py:504-553) when the weights are post-processed after loading;
+* each forward goes ``MoERunner.forward`` -> the ``vllm::moe_forward`` op -> ``_forward_impl`` -> router
+  ``select_experts`` (``_moe_C.topk_softmax``, int32 ids, fp32 weights) -> ``FusedMoEKernel.apply``, which
+  carves the two workspaces out of the ``WorkspaceManager``'s byte buffer at 256-byte offsets
+  (modular_kernel.py:1124-1221, v1/worker/workspace.py:181) -> ``TritonExperts.apply``
+  (experts/triton_moe.py:257): the tile config from the tuned JSON for ``E``, ``N`` and the device name
+  (``try_get_optimal_moe_config``: the nearest batch size in the file, else ``get_default_config``;
+  fused_moe.py:1421), the naive block assignment when ``M * top_k * 4 <= E`` else ``moe_align_block_size``
+  (fused_moe.py:1549), both ``fused_moe_kernel`` GEMMs (fused_moe.py:761), ``silu_and_mul`` and
+  ``moe_sum``. vLLM 0.33 has no chunking here (``M_chunk == M_full``, modular_kernel.py:1354).
+
+This task builds that layer with ``FusedMoEFactory`` itself and calls ``MoERunner.forward`` for every
+token count from 1 to ``max_num_batched_tokens`` (largest first, as the profile run does). The keys of
+``fused_moe_kernel`` depend on ``M`` through the tile config, the assignment path and the ``== 1`` /
+``% 16`` classes of ``EM`` and ``M * top_k``; rather than deriving those classes, every ``M`` is run
+(after a key's first compile a call is an in-memory hit). Router logits are passed in, as for models
+whose gate stays outside the layer; the gate is a cuBLAS/CuTe GEMM, no Triton kernel. Tensor parallelism
+only shards the intermediate size (``FusedMoEConfig.intermediate_size_per_partition``), so TP ``t`` is
+built as one rank holding ``intermediate_size / t``, with no process group.
+
+Cross mode (exercise/fake_device.py): FakeTensors on ``cuda``; the C ops and failing imports on the way
+are replaced by exercise/fake_ops.py; and the layer calls ``_moe_forward``, the Python body of the
+``vllm::moe_forward`` op, directly (``MoERunner._select_forward`` does so on CPU and TPU), since under a
+FakeTensor mode the op would run its fake implementation, which computes nothing. Native mode runs the
+same code on real tensors; missing C ops get fake_ops' torch implementations.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .vllm_sampler import _device_scope, _require_triton, cross
+
+LAYER_NAME = "model.layers.0.mlp.experts"
+DTYPES = ("bfloat16", "float16")
+
+
+@dataclass
+class MoELayer:
+    """One fused-MoE layer as the model builds it, and the config it was built under."""
+
+    runner: Any  # vllm.model_executor.layers.fused_moe.runner.moe_runner.MoERunner
+    vllm_config: Any
+    num_experts: int
+    hidden_size: int
+    top_k: int
+    dtype: Any  # torch.dtype
+
+    @property
+    def method(self) -> Any:
+        return self.runner.routed_experts.quant_method
+
+    @property
+    def weights(self) -> tuple[Any, Any]:
+        experts = self.runner.routed_experts
+        return experts.w13_weight, experts.w2_weight
+
+
+def moe(num_experts: int, hidden_size: int, intermediate_size: int, top_k: int, dtype: str,
+        max_num_batched_tokens: int, tensor_parallel_size: int = 1, entries: list[str] | None = None) -> dict:
+    """Run each entry for every M in 1..max_num_batched_tokens; returns what ran and how.
+
+    ``entries``: ``layer`` (the default: what MoE models built with ``FusedMoEFactory`` run) and/or
+    ``fused_experts`` (vLLM's functional API, which MiniCPM's MoE, Moondream3 and Quark's static-int8 MoE
+    call instead: its first GEMM passes ``topk_weights`` where the layer passes None, other keys).
+    """
+    started = time.perf_counter()
+    entries = list(entries) if entries else ["layer"]
+    check_arguments(intermediate_size, dtype, tensor_parallel_size, entries)
+    substitutions = prepare()
+    _require_triton()
+    with _device_scope():
+        layer = make_layer(num_experts, hidden_size, intermediate_size, top_k, dtype, tensor_parallel_size)
+        substitutions["calls"] = python_bodies(layer, entries) if cross() else []
+        start_workspace()
+        m_values = [max_num_batched_tokens, *range(1, max_num_batched_tokens)]
+        for entry in entries:
+            for m in m_values:
+                ENTRIES[entry](layer, *inputs(layer, m))
+    return {**describe(layer, m_values), "entries": entries, "tensor_parallel_size": tensor_parallel_size,
+            "substitutions": substitutions, "seconds": round(time.perf_counter() - started, 2)}
+
+
+def check_arguments(intermediate_size: int, dtype: str, tensor_parallel_size: int, entries: list[str]) -> None:
+    """Refuse what the layer cannot be built for, before anything is imported."""
+    if dtype not in DTYPES:
+        raise ValueError(f"moe: dtype must be one of {DTYPES}, got {dtype!r}")
+    if tensor_parallel_size < 1 or intermediate_size % tensor_parallel_size:
+        raise ValueError(f"moe: intermediate_size {intermediate_size} is not divisible by TP {tensor_parallel_size}")
+    if set(entries) - set(ENTRIES):
+        raise ValueError(f"moe: entries must be among {sorted(ENTRIES)}, got {entries}")
+
+
+def prepare() -> dict:
+    """Stand-ins for the C ops and imports this process lacks (exercise/fake_ops.py), before any import
+    of vLLM's fused-MoE modules; the real ones are loaded first where they exist."""
+    import vllm._custom_ops  # noqa: F401 -- loads vLLM's compiled ops where they are installed
+
+    from . import fake_ops
+
+    return fake_ops.install()
+
+
+def make_layer(num_experts: int, hidden_size: int, intermediate_size: int, top_k: int, dtype: str,
+               tensor_parallel_size: int = 1) -> MoELayer:
+    """``FusedMoEFactory`` as Qwen3-MoE calls it (softmax routing, renormalised), weights post-processed as
+    the model loader does (model_loader/utils.py:157-181); on ``cuda``, as the model is built."""
+    import torch
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+
+    check_arguments(intermediate_size, dtype, tensor_parallel_size, ["layer"])
+    config = VllmConfig()
+    with set_current_vllm_config(config), torch.device("cuda"):
+        runner = FusedMoEFactory(num_experts=num_experts, top_k=top_k, hidden_size=hidden_size,
+                                 intermediate_size=intermediate_size // tensor_parallel_size,
+                                 params_dtype=getattr(torch, dtype), renormalize=True, tp_size=1, dp_size=1,
+                                 pcp_size=1, prefix=LAYER_NAME)
+        for _, module in runner.named_modules():
+            method = getattr(module, "quant_method", None)
+            if method is not None:
+                method.process_weights_after_loading(module)
+    return MoELayer(runner, config, num_experts, hidden_size, top_k, getattr(torch, dtype))
+
+
+def python_bodies(layer: MoELayer, entries: list[str]) -> list[dict]:
+    """Cross mode: call the Python bodies of the custom ops the entries go through (module docstring)."""
+    from vllm.model_executor.layers.fused_moe.runner import moe_runner
+
+    why = "under FakeTensorMode the custom op runs its fake impl, which launches no kernel"
+    done = []
+    if "layer" in entries:
+        layer.runner._forward_entry = moe_runner._moe_forward
+        done.append({"call": "torch.ops.vllm.moe_forward", "by": "moe_runner._moe_forward (runner/moe_runner.py:117)",
+                     "why": why})
+    if "fused_experts" in entries:
+        done.append({"call": "torch.ops.vllm.fused_experts", "by": "fused_moe.fused_experts_impl (fused_moe.py:1664)",
+                     "why": why})
+    return done
+
+
+def start_workspace() -> None:
+    """The worker's workspace manager (v1/worker/gpu_worker.py:558), on ``cuda``, if none exists yet."""
+    import torch
+    from vllm.v1.worker import workspace
+
+    if not workspace.is_workspace_manager_initialized():
+        workspace.init_workspace_manager(torch.device("cuda"))
+
+
+def inputs(layer: MoELayer, m: int) -> tuple[Any, Any]:
+    """Hidden states ``[m, hidden]`` in the model dtype and router logits ``[m, E]`` (what the gate returns)."""
+    import torch
+
+    hidden = torch.randn((m, layer.hidden_size), dtype=layer.dtype, device="cuda")
+    logits = torch.randn((m, layer.num_experts), dtype=layer.dtype, device="cuda")
+    return hidden, logits
+
+
+def forward(layer: MoELayer, hidden: Any, logits: Any) -> Any:
+    """``MoERunner.forward`` under the layer's config and a forward context, as the model runner calls it."""
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+
+    with set_current_vllm_config(layer.vllm_config), set_forward_context(None, layer.vllm_config):
+        return layer.runner.forward(hidden, logits)
+
+
+def functional(layer: MoELayer, hidden: Any, logits: Any) -> Any:
+    """vLLM's functional API on the layer's weights, as models/minicpm.py:180-186 calls it: ``fused_topk``,
+    then ``fused_experts`` (in cross mode its op body ``fused_experts_impl``, fused_moe.py:1664)."""
+    from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts, fused_experts_impl
+    from vllm.model_executor.layers.fused_moe.router.fused_topk_router import fused_topk
+
+    weights, ids, _ = fused_topk(hidden, logits, layer.top_k, renormalize=True)
+    w13, w2 = layer.weights
+    if cross():
+        return fused_experts_impl(hidden, w13, w2, weights, ids)
+    return fused_experts(hidden, w13, w2, weights, ids)
+
+
+ENTRIES = {"layer": forward, "fused_experts": functional}
+
+
+def describe(layer: MoELayer, m_values: list[int]) -> dict:
+    """What vLLM chose for this layer: backend, kernel classes, the tuned-config file and tile configs."""
+    from vllm.model_executor.layers.fused_moe.fused_moe import get_config_file_name, try_get_optimal_moe_config
+
+    method = layer.method
+    kernel = method.moe_kernel
+    w13, w2 = layer.weights
+    num_experts, n = w2.shape[0], w2.shape[2]
+    configs = {m: try_get_optimal_moe_config(tuple(w13.shape), tuple(w2.shape), layer.top_k, None, m)
+               for m in m_values}
+    distinct = {tuple(sorted(c.items())) for c in configs.values()}
+    naive = [m for m in m_values if m * layer.top_k * 4 <= num_experts]
+    return {"entry": "vllm.model_executor.layers.fused_moe.layer.FusedMoEFactory -> MoERunner.forward",
+            "backend": method.unquantized_backend.value, "experts": type(kernel.fused_experts).__name__,
+            "prepare_finalize": type(kernel.prepare_finalize).__name__,
+            "w13": list(w13.shape), "w2": list(w2.shape), "dtype": str(layer.dtype).removeprefix("torch."),
+            "m_values": len(m_values), "m_max": max(m_values), "naive_block_assignment_m": naive,
+            "tuned_config": tuned_config_file(get_config_file_name(num_experts, n, None)),
+            "tile_configs": len(distinct)}
+
+
+def tuned_config_file(name: str) -> str:
+    """The file ``get_moe_configs`` reads (fused_moe.py:1110: ``VLLM_TUNED_CONFIG_FOLDER`` first, then
+    vLLM's configs/), or ``default (no <name>)`` when vLLM falls back to ``get_default_config``."""
+    import vllm.model_executor.layers.fused_moe.fused_moe as fused_moe
+
+    folders = [os.environ.get("VLLM_TUNED_CONFIG_FOLDER"),
+               os.path.join(os.path.dirname(os.path.realpath(fused_moe.__file__)), "configs")]
+    for folder in folders:
+        if folder and os.path.exists(os.path.join(folder, name)):
+            return os.path.join(folder, name).split("site-packages/")[-1]
+    return f"default (no {name})"
