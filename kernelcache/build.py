@@ -135,7 +135,7 @@ def check_target_env(plan: BuildPlan, targets: list[BuildTarget], there, source:
     """Refuse (``FingerprintMismatch``) a build whose bundles the fingerprinted environment would refuse."""
     from .bundle import target_env
 
-    triton = extra or any(p in plan.paths for p in ("registry", "mrv1", "mrv2"))
+    triton = extra or any(p != "flashinfer" for p in plan.paths)
     for target in targets:
         for profile in target.profiles:
             planned = Target("cuda", target.arch, 32, gpu=profile.name, sm_count=target.sm_count)

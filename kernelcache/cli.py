@@ -152,10 +152,19 @@ def plan_options(recipe_help: str):
         click.option("--gpu", "gpus", multiple=True, help="GPU profile(s) (overrides the recipe's list)."),
         click.option("--vocab", "vocabs", multiple=True, type=int, help="Vocab size(s) (overrides the recipe)."),
         click.option("--dtype", "dtypes", multiple=True,
-                     help="Logits dtype(s): float32 (what registry and mrv1 need), bfloat16, float16."),
+                     help="Model / logits dtype(s): float32 (what registry and mrv1 need), bfloat16, float16; "
+                          "moe runs in the ones other than float32."),
         click.option("--max-num-seqs", type=int, default=None, help="vLLM max_num_seqs (the batch range)."),
         click.option("--path", "paths", multiple=True,
-                     help="Path(s): registry, mrv1, mrv2, flashinfer, mrv1_spec_decode (needs drafts)."),
+                     help="Path(s): registry, mrv1, mrv2, flashinfer, mrv1_spec_decode (needs drafts), "
+                          "moe (needs a MoE model), runner (Model Runner V2's own kernels)."),
+        click.option("--model-config", type=click.Path(dir_okay=False), default=None,
+                     help="A local Hugging Face config.json: its vocab, dtype and (MoE) expert kernels, its name "
+                          "for the bundle."),
+        click.option("--max-num-batched-tokens", type=int, default=None,
+                     help="vLLM max_num_batched_tokens (moe: every token count up to it)."),
+        click.option("--tensor-parallel-size", type=int, default=None,
+                     help="vLLM tensor_parallel_size (moe: each GPU's share of an expert)."),
         click.option("--num-speculative-tokens", type=int, default=None,
                      help="vLLM num_speculative_tokens: drafts per request (mrv1_spec_decode, and the batch range)."),
         click.option("--max-model-len", type=int, default=None,
@@ -170,10 +179,11 @@ def plan_options(recipe_help: str):
     def decorate(func):
         @functools.wraps(func)
         def command(*args, gpus, vocabs, dtypes, max_num_seqs, paths, num_speculative_tokens, max_model_len,
-                    **kwargs):
+                    model_config, max_num_batched_tokens, tensor_parallel_size, **kwargs):
             from .plan.recipe import PlanOverrides
 
-            overrides = PlanOverrides(gpus, vocabs, dtypes, max_num_seqs, paths, num_speculative_tokens, max_model_len)
+            overrides = PlanOverrides(gpus, vocabs, dtypes, max_num_seqs, paths, num_speculative_tokens, max_model_len,
+                                      model_config, max_num_batched_tokens, tensor_parallel_size)
             return func(*args, overrides=overrides, **kwargs)
 
         for option in reversed(options):

@@ -46,7 +46,7 @@ from .install import install
 from .plan.gpus import GpuProfile, visible_gpus
 from .plan.recipe import BuildPlan, PlanOverrides, load
 from .plan.targets import BuildTarget, check_paths
-from .plan.tasks import vocab_tasks
+from .plan.tasks import plan_units
 
 
 @dataclass(frozen=True)
@@ -180,9 +180,9 @@ def _verify_plan(plan: BuildPlan, bundle: Manifest, root: Path, work: Path, mode
     """The plan's Triton tasks (when it selects any), then the bundle's FlashInfer modules (when asked for)."""
     triton_plan = replace(plan, paths=tuple(p for p in plan.paths if p != "flashinfer"))
     started = time.perf_counter()
-    if any(vocab_tasks(triton_plan, v.size) for v in triton_plan.vocabs):
+    if plan_units(triton_plan):
         check_paths(triton_plan)
-        report, asked = _check(triton_plan, _target(bundle, mode), root, work, jobs)
+        report, asked = _check(triton_plan, _target(bundle, mode, plan), root, work, jobs)
     else:
         report, asked = VerifyReport(root, "none", bundle.target.arch, (), (), (), 0.0), set()
     modules = bundle.flashinfer if "flashinfer" in plan.paths else ()
@@ -220,7 +220,9 @@ def _plan(bundle: Manifest, recipe, overrides: PlanOverrides) -> BuildPlan:
     return plan.override(overrides)
 
 
-def _target(bundle: Manifest, mode: str) -> BuildTarget:
+def _target(bundle: Manifest, mode: str, plan: BuildPlan) -> BuildTarget:
+    """Cross mode fakes the bundle's GPU profile, its product name included (vLLM picks tuned fused-MoE
+    configs by device name)."""
     arch, sms = bundle.target.arch, bundle.target.sm_count
     if sms is None:
         raise UsageError("the bundle names no SM count; verify needs a bundle built for a GPU profile")
@@ -228,7 +230,9 @@ def _target(bundle: Manifest, mode: str) -> BuildTarget:
     if mode == "native" and not local:
         raise UsageError(f"--mode native needs a visible {arch} GPU with {sms} SMs")
     run_native = bool(local) and mode in ("auto", "native")
-    profile = GpuProfile(bundle.target.gpu or "bundle", arch, sms, local[0].name if local else "NVIDIA GPU")
+    named = [p.product for p in plan.gpus if p.name == bundle.target.gpu and p.sm_count == sms]
+    product = local[0].name if local else (named or ["NVIDIA GPU"])[0]
+    profile = GpuProfile(bundle.target.gpu or "bundle", arch, sms, product)
     return BuildTarget(arch, sms, (profile,), "native" if run_native else "cross")
 
 

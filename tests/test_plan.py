@@ -119,3 +119,93 @@ def test_targets_group_profiles_by_sm_count_and_pick_native_when_the_gpu_is_here
         plan_targets(plan, "sm_90", "auto", [VisibleGpu(0, "NVIDIA H100 PCIe", 90, 114)])
     with pytest.raises(UsageError, match=r"not sm_120; pass --gpu with a profile of sm_120 \(rtx-pro-6000\)"):
         plan_targets(plan, "sm_120", "cross", [])
+
+
+# -- model recipes (plan/model.py) ------------------------------------------------------------------
+
+QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 151936, "hidden_size": 2048,
+             "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+             "num_attention_heads": 32, "num_key_value_heads": 4, "torch_dtype": "bfloat16", "rope_theta": 1e6}
+
+
+def write_config(tmp_path, data: dict, folder: str = "Qwen3-30B-A3B"):
+    import json
+
+    path = tmp_path / folder / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_model_recipes_ship_and_round_trip():
+    from kernelcache.plan.tasks import plan_units
+
+    shipped = {p.stem: plan_file.load(p) for p in sorted(plan_file.DEFAULT_RECIPE.parent.glob("models/*.toml"))}
+    assert {"qwen3-30b-a3b", "llama-3.1-8b", "llama-3.1-8b-eagle3"} <= set(shipped)
+    for plan in shipped.values():
+        assert plan_file.BuildPlan.from_dict(plan.to_dict()) == plan
+        assert [v.size for v in plan.vocabs] == [plan.model.vocab_size]
+        assert plan.dtypes == ("float32", plan.model.dtype)
+    moe = shipped["qwen3-30b-a3b"]
+    [(name, [task])] = [u for u in plan_units(moe) if u[0] == "model"]
+    assert task.kwargs == {"num_experts": 128, "hidden_size": 2048, "intermediate_size": 768, "top_k": 8,
+                           "dtype": "bfloat16", "max_num_batched_tokens": 8192, "tensor_parallel_size": 1}
+    assert not [u for u in plan_units(shipped["llama-3.1-8b"]) if u[0] == "model"]
+    assert shipped["llama-3.1-8b-eagle3"].num_speculative_tokens == 3
+
+
+def test_model_config_drives_the_plan(tmp_path):
+    path = write_config(tmp_path, QWEN3_MOE)
+    plan = plan_file.load().override(model_config=str(path), tensor_parallel_size=2, max_num_batched_tokens=2048)
+    assert plan.name == "Qwen3-30B-A3B" and [v.size for v in plan.vocabs] == [151936]
+    assert {"moe", "runner"} <= set(plan.paths) and plan.moe_dtypes == ("bfloat16",)
+    assert plan.model.moe_intermediate_size == 768
+    assert (plan.tensor_parallel_size, plan.max_num_batched_tokens) == (2, 2048)
+    assert plan_file.BuildPlan.from_dict(plan.to_dict()) == plan
+    # Mixtral's names for the same fields; a multimodal config's text_config; a dense model drops moe.
+    mixtral = {"architectures": ["MixtralForCausalLM"], "vocab_size": 32000, "hidden_size": 4096,
+               "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2, "torch_dtype": "float16"}
+    plan = plan_file.load().override(model_config=str(write_config(tmp_path, mixtral, "mixtral")))
+    assert (plan.model.num_experts, plan.model.moe_intermediate_size, plan.moe_dtypes) == (8, 14336, ("float16",))
+    wrapped = {"architectures": ["Qwen3VLMoeForConditionalGeneration"], "text_config": QWEN3_MOE}
+    assert plan_file.load().override(model_config=str(write_config(tmp_path, wrapped, "vl"))).model.num_experts == 128
+    dense = {k: v for k, v in QWEN3_MOE.items() if k not in ("num_experts", "moe_intermediate_size")}
+    assert "moe" not in plan_file.load().override(model_config=str(write_config(tmp_path, dense, "dense"))).paths
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"vocab_size": None}, "has no 'vocab_size'"),
+    ({"hidden_size": "2048"}, "'hidden_size' must be a positive integer"),
+    ({"num_experts_per_tok": None}, "has no 'num_experts_per_tok'"),
+    ({"torch_dtype": "float8_e4m3fn"}, "model dtype 'float8_e4m3fn'"),
+])
+def test_bad_model_configs_name_the_file_and_field(tmp_path, change, message):
+    data = {k: v for k, v in {**QWEN3_MOE, **change}.items() if v is not None}
+    path = write_config(tmp_path, data)
+    with pytest.raises(UsageError, match=re.escape(message)) as info:
+        plan_file.load().override(model_config=str(path))
+    assert str(path) in str(info.value)
+    done = kc("build", "--arch", "sm_90", "--model-config", str(path))
+    assert done.returncode == UsageError.exit_code and message in done.stderr
+
+
+def test_moe_needs_a_moe_model_and_a_dividing_tp(tmp_path):
+    with pytest.raises(UsageError, match="moe path needs a mixture-of-experts model"):
+        plan_file.load().override(paths=["moe"])
+    with pytest.raises(UsageError, match="does not divide"):
+        plan_file.load().override(model_config=str(write_config(tmp_path, QWEN3_MOE)), tensor_parallel_size=5)
+    for text, message in ((GOOD + "\n[model]\nvocab_size = 1\nhidden = 2\n", "unknown key 'model.hidden'"),
+                          (GOOD.replace('"mrv2"]', '"moe"]'), "needs a mixture-of-experts model")):
+        with pytest.raises(RecipeError, match=re.escape(message)):
+            plan_file.load(write(tmp_path, text))
+    missing = kc("build", "--arch", "sm_90", "--model-config", str(tmp_path / "nope.json"))
+    assert missing.returncode == UsageError.exit_code and "no such model config" in missing.stderr
+
+
+def test_moe_targets_split_by_product_name(tmp_path):
+    plan = plan_file.load(plan_file.DEFAULT_RECIPE.parent / "models" / "qwen3-30b-a3b.toml")
+    cross = plan_targets(plan, "sm_90", "cross", [])
+    assert [[p.name for p in t.profiles] for t in cross] == [["h100-sxm"], ["h200"]]
+    assert len({t.label for t in cross}) == 2
+    sampler = plan.override(paths=["mrv2"])
+    assert [[p.name for p in t.profiles] for t in plan_targets(sampler, "sm_90", "cross", [])] == [["h100-sxm", "h200"]]

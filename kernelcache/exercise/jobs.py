@@ -1,4 +1,4 @@
-"""Running exercise processes: one ``Job`` per vocab size, ``--jobs`` at a time, results typed.
+"""Running exercise processes: one ``Job`` per unit of the plan (plan/tasks.py), ``--jobs`` at a time, results typed.
 
 Each exercise process (exercise/worker.py) gets a fresh ``TRITON_CACHE_DIR`` shared by the target's
 jobs, its own compile log, and a ``CC`` that makes gcc-built modules reproducible. What comes back is
@@ -23,7 +23,7 @@ from ..bundle.manifest import Environment
 from ..errors import BuildFailed
 from ..plan.recipe import BuildPlan
 from ..plan.targets import BuildTarget
-from ..plan.tasks import SAMPLER, Task, vocab_tasks
+from ..plan.tasks import SAMPLER, Task, plan_units
 from .listener import ExerciseLog
 from .worker import Job
 
@@ -68,7 +68,7 @@ class ExerciseRun:
 
 def _jobs(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: int,
           extra_tasks: tuple[Task, ...]) -> list[tuple[str, Path, Job]]:
-    threads = str(max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(plan.vocabs)))))
+    threads = str(max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(plan_units(plan))))))
     env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_TRITON_JIT_WARMUP_NUM_THREADS": threads,
            "TQDM_DISABLE": "1", **reproducible_cc(work)}
     setup = ()
@@ -76,7 +76,7 @@ def _jobs(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: i
         product = target.profiles[0].product
         setup = (Task(f"{SAMPLER}:setup_platform", {"capability": target.capability, "sm_count": target.sm_count,
                                                      "product": product}, label="platform"),)
-    units = [(str(v.size), vocab_tasks(plan, v.size)) for v in plan.vocabs]
+    units = plan_units(plan)
     if extra_tasks:
         units.append(("extra", tuple(extra_tasks)))
     out = []

@@ -1,7 +1,9 @@
 """Build recipes (``cache-manifests/*.toml``) -> a frozen, validated ``BuildPlan``.
 
 A recipe says which vLLM sampler paths to exercise (and speculative decoding's, with drafts), for which
-vocab sizes, logits dtypes, batch range and sampling modes, and for which GPU profiles. Every key is
+vocab sizes, logits dtypes, batch range and sampling modes, and for which GPU profiles; a model recipe
+(``cache-manifests/models/``) adds a ``[model]`` table, the fields of the model's Hugging Face
+config.json (plan/model.py) that decide its vocab and its fused-MoE kernels. Every key is
 checked; an error names the file and the key. ``PlanOverrides`` (the flags ``build`` and ``verify``
 share) override the file. ("Manifest" only ever means a bundle's manifest.json; the folder keeps its
 historical name.)
@@ -24,8 +26,10 @@ else:  # pragma: no cover - Python 3.10
 from ..bundle.manifest import arch_to_capability, capability_to_arch
 from ..errors import RecipeError, UsageError
 from .gpus import PROFILES, GpuProfile
+from .model import RECIPE_KEYS, ModelSpec, load_config
+from .model import parse as parse_model
 
-PATHS = ("registry", "mrv1", "mrv2", "flashinfer", "mrv1_spec_decode")
+PATHS = ("registry", "mrv1", "mrv2", "flashinfer", "mrv1_spec_decode", "moe", "runner")
 MODES = ("top_k", "top_p", "top_k_top_p")
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "cache-manifests" / "vllm-sampler.toml"
@@ -45,9 +49,12 @@ class PlanOverrides:
     vocabs: tuple[int, ...] | None = None  # vocab sizes (--vocab)
     dtypes: tuple[str, ...] | None = None  # logits dtypes (--dtype): float32 for the processed paths
     max_num_seqs: int | None = None  # vLLM max_num_seqs, the batch range (--max-num-seqs)
-    paths: tuple[str, ...] | None = None  # registry, mrv1, mrv2, flashinfer, mrv1_spec_decode (--path)
+    paths: tuple[str, ...] | None = None  # registry, mrv1, mrv2, flashinfer, mrv1_spec_decode, moe, runner
     num_speculative_tokens: int | None = None  # drafts per request (--num-speculative-tokens)
     max_model_len: int | None = None  # vLLM max_model_len (--max-model-len): EAGLE's block-table width
+    model_config: str | None = None  # a local Hugging Face config.json (--model-config)
+    max_num_batched_tokens: int | None = None  # vLLM max_num_batched_tokens: the MoE token range
+    tensor_parallel_size: int | None = None  # vLLM tensor_parallel_size: shards each expert's width
 
     def __post_init__(self) -> None:
         for name in ("gpus", "vocabs", "dtypes", "paths"):
@@ -73,6 +80,9 @@ class BuildPlan:
     max_num_seqs: int = 256
     num_speculative_tokens: int = 0
     max_model_len: int = 8192
+    max_num_batched_tokens: int = 8192
+    tensor_parallel_size: int = 1
+    model: ModelSpec | None = None
     seeded: bool = True
     unseeded: bool = True
     min_p: bool = True
@@ -94,7 +104,13 @@ class BuildPlan:
             "dtypes": tuple(data["dtypes"]),
             "modes": tuple(data["modes"]),
             "gpus": tuple(GpuProfile(**g) for g in data["gpus"]),
+            "model": ModelSpec.from_dict(data["model"]) if data.get("model") else None,
         })
+
+    @property
+    def moe_dtypes(self) -> tuple[str, ...]:
+        """The dtypes the MoE layers run in: the plan's non-fp32 dtypes, else the model's own."""
+        return tuple(d for d in self.dtypes if d != "float32") or ((self.model.dtype,) if self.model else ())
 
     def for_arch(self, arch: str) -> tuple[GpuProfile, ...]:
         return tuple(g for g in self.gpus if g.arch == arch)
@@ -105,10 +121,33 @@ class BuildPlan:
         ``overrides`` or the same fields as keywords (``plan.override(paths=["mrv2"])``)."""
         given = overrides or PlanOverrides(**flags)
         try:
-            plan = self._override(given.gpus, given.vocabs, given.dtypes, given.max_num_seqs, given.paths)
-            return plan._override_serving(given.num_speculative_tokens, given.max_model_len)
+            plan = self._override_model(given) if given.model_config else self
+            plan = plan._override(given.gpus, given.vocabs, given.dtypes, given.max_num_seqs, given.paths)
+            plan = plan._override_serving(given.num_speculative_tokens, given.max_model_len)
+            return plan._override_batching(given.max_num_batched_tokens, given.tensor_parallel_size)
         except RecipeError as exc:
             raise UsageError(str(exc)) from None
+
+    def _override_model(self, given: PlanOverrides) -> BuildPlan:
+        """--model-config: the model's vocab, its dtype (with fp32, the processed paths'), its name for the
+        bundle, Model Runner V2's kernels and, for a mixture-of-experts model, the moe path (unless --path
+        says otherwise)."""
+        model = load_config(given.model_config)
+        wanted = ("runner", "moe") if model.is_moe else ("runner",)
+        paths = tuple(p for p in self.paths if p != "moe") + tuple(p for p in wanted if p not in self.paths)
+        return replace(self, model=model, name=_plain_name(model.name), paths=paths,
+                       vocabs=(Vocab(model.vocab_size, (model.name,)),), dtypes=_model_dtypes(model))
+
+    def _override_batching(self, max_num_batched_tokens, tensor_parallel_size) -> BuildPlan:
+        where = "command line"
+        changes: dict[str, Any] = {}
+        if max_num_batched_tokens is not None:
+            changes["max_num_batched_tokens"] = _positive(max_num_batched_tokens, "--max-num-batched-tokens", where)
+        if tensor_parallel_size is not None:
+            changes["tensor_parallel_size"] = _positive(tensor_parallel_size, "--tensor-parallel-size", where)
+        plan = replace(self, **changes)
+        _check_moe(plan, where)
+        return plan
 
     def _override_serving(self, num_speculative_tokens, max_model_len) -> BuildPlan:
         changes: dict[str, Any] = {}
@@ -137,9 +176,9 @@ class BuildPlan:
         return replace(self, **changes)
 
 
-_TOP_KEYS = {"name", "description", "gpus", "vllm", "vocab", "gpu"}
+_TOP_KEYS = {"name", "description", "gpus", "vllm", "vocab", "gpu", "model"}
 _VLLM_KEYS = {"paths", "max_num_seqs", "num_speculative_tokens", "max_model_len", "modes", "seeded", "unseeded",
-              "logits_dtypes", "min_p", "fp64_gumbel"}
+              "logits_dtypes", "min_p", "fp64_gumbel", "max_num_batched_tokens", "tensor_parallel_size"}
 
 
 def load(path: str | Path | None = None) -> BuildPlan:
@@ -161,36 +200,78 @@ def parse(data: dict, where: str) -> BuildPlan:
     vllm = _table(data.get("vllm", {}), "vllm", where)
     _known(vllm, _VLLM_KEYS, "vllm.", where)
     custom = _table(data.get("gpu", {}), "gpu", where)
-    vocabs = data.get("vocab")
-    if not isinstance(vocabs, list) or not vocabs:
-        raise RecipeError(f"{where}: 'vocab' must be a non-empty array of tables ([[vocab]])")
+    model = _model(data["model"], where, str(data.get("name", ""))) if "model" in data else None
     gpus = data.get("gpus")
     if not isinstance(gpus, list) or not gpus:
         raise RecipeError(f"{where}: 'gpus' must be a non-empty list of GPU profile names")
+    default_dtypes = list(_model_dtypes(model)) if model else list(DTYPES)
     plan = BuildPlan(
         name=_file_word(data.get("name", Path(where).stem), "name", where),
         paths=_choices(vllm.get("paths", list(PATHS)), PATHS, "vllm.paths", where),
-        vocabs=tuple(_vocab(v, i, where) for i, v in enumerate(vocabs)),
-        dtypes=_choices(vllm.get("logits_dtypes", list(DTYPES)), DTYPES, "vllm.logits_dtypes", where),
+        vocabs=_vocabs(data.get("vocab"), model, where),
+        dtypes=_choices(vllm.get("logits_dtypes", default_dtypes), DTYPES, "vllm.logits_dtypes", where),
         modes=_choices(vllm.get("modes", list(MODES)), MODES, "vllm.modes", where),
         gpus=tuple(_profile(g, where, custom) for g in gpus),
         max_num_seqs=_positive(vllm.get("max_num_seqs", 256), "vllm.max_num_seqs", where),
         num_speculative_tokens=_natural(vllm.get("num_speculative_tokens", 0), "vllm.num_speculative_tokens", where),
         max_model_len=_positive(vllm.get("max_model_len", 8192), "vllm.max_model_len", where),
+        max_num_batched_tokens=_positive(vllm.get("max_num_batched_tokens", 8192), "vllm.max_num_batched_tokens",
+                                         where),
+        tensor_parallel_size=_positive(vllm.get("tensor_parallel_size", 1), "vllm.tensor_parallel_size", where),
+        model=model,
         seeded=_bool(vllm.get("seeded", True), "vllm.seeded", where),
         unseeded=_bool(vllm.get("unseeded", True), "vllm.unseeded", where),
         min_p=_bool(vllm.get("min_p", True), "vllm.min_p", where),
         fp64_gumbel=_bool(vllm.get("fp64_gumbel", False), "vllm.fp64_gumbel", where),
         source=where,
     )
-    if "paths" in vllm:  # named on purpose: the default (every path) runs mrv1_spec_decode only with drafts
+    if "paths" not in vllm:  # the default (every path) runs moe only for a MoE model
+        plan = replace(plan, paths=tuple(p for p in plan.paths if p != "moe" or (model and model.is_moe)))
+    else:  # named on purpose: the default runs mrv1_spec_decode only with drafts
         _check_spec_decode(plan.paths, plan.num_speculative_tokens, where)
+    _check_moe(plan, where)
     return plan
+
+
+def _model(table: Any, where: str, name: str) -> ModelSpec:
+    _known(_table(table, "model", where), RECIPE_KEYS, "model.", where)
+    return parse_model(table, where, name)
+
+
+def _vocabs(entries: Any, model: ModelSpec | None, where: str) -> tuple[Vocab, ...]:
+    if entries is None and model is not None:
+        return (Vocab(model.vocab_size, (model.name,)),)
+    if not isinstance(entries, list) or not entries:
+        raise RecipeError(f"{where}: 'vocab' must be a non-empty array of tables ([[vocab]]), or give a [model]")
+    return tuple(_vocab(v, i, where) for i, v in enumerate(entries))
+
+
+def _model_dtypes(model: ModelSpec) -> tuple[str, ...]:
+    """fp32 (the processed sampler paths) and the dtype the model serves in."""
+    return tuple(dict.fromkeys(("float32", model.dtype)))
 
 
 def _check_spec_decode(paths: tuple[str, ...], num_speculative_tokens: int, where: str) -> None:
     if "mrv1_spec_decode" in paths and num_speculative_tokens < 1:
         raise RecipeError(f"{where}: the mrv1_spec_decode path needs num_speculative_tokens >= 1 (drafts per request)")
+
+
+def _check_moe(plan: BuildPlan, where: str) -> None:
+    if "moe" not in plan.paths:
+        return
+    model = plan.model
+    if model is None or not model.is_moe:
+        what = "no model" if model is None else f"the dense model {model.name}"
+        raise RecipeError(f"{where}: the moe path needs a mixture-of-experts model ([model] or --model-config), "
+                          f"the plan has {what}")
+    if model.moe_intermediate_size % plan.tensor_parallel_size:
+        raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
+                          f"{model.name}'s expert width {model.moe_intermediate_size}")
+
+
+def _plain_name(name: str) -> str:
+    """A model's name as a bundle-file word: anything but letters, digits and . _ + - becomes '-'."""
+    return re.sub(r"[^A-Za-z0-9._+-]", "-", name).strip("-._+")[:64] or "model"
 
 
 def _known(table: dict, keys: set[str], prefix: str, where: str) -> None:

@@ -1,7 +1,9 @@
 """A plan's build targets for one arch, and whether this interpreter can run the plan's paths.
 
-Profiles with the same arch and SM count compile identical keys, so they share one ``BuildTarget``:
-one exercise run, one bundle per profile. A target is ``native`` when a GPU of the arch is visible
+Profiles with the same arch and SM count compile identical sampler keys, so they share one ``BuildTarget``:
+one exercise run, one bundle per profile. The moe path also depends on the product name (vLLM picks its
+tuned fused-MoE tile configs by device name), so with it each product is its own target.
+A target is ``native`` when a GPU of the arch is visible
 (mode auto) and ``cross`` (behind the fake target) otherwise.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..bundle.fingerprint import package_version
 from ..bundle.manifest import arch_to_capability
@@ -23,6 +26,8 @@ REQUIRED_MODULES = {
     "mrv2": ("vllm.v1.worker.gpu.sample.gumbel", "Model Runner V2's Gumbel sampler"),
     "flashinfer": ("flashinfer", "flashinfer-python"),
     "mrv1_spec_decode": ("vllm.v1.spec_decode.utils", "vLLM's speculative-decoding kernels"),
+    "moe": ("vllm.model_executor.layers.fused_moe.fused_moe", "vLLM's fused-MoE Triton kernels"),
+    "runner": ("vllm.v1.worker.gpu.input_batch", "Model Runner V2's input batch"),
 }
 
 
@@ -32,6 +37,7 @@ class BuildTarget:
     sm_count: int
     profiles: tuple[GpuProfile, ...]
     mode: str  # "cross" | "native"
+    product: str = ""  # set when the keys depend on the product name (the moe path)
 
     @property
     def capability(self) -> int:
@@ -39,7 +45,8 @@ class BuildTarget:
 
     @property
     def label(self) -> str:
-        return f"{self.arch}-{self.sm_count}sm"
+        base = f"{self.arch}-{self.sm_count}sm"
+        return f"{base}-{self.profiles[0].name}" if self.product else base
 
 
 def check_paths(plan: BuildPlan) -> None:
@@ -48,16 +55,28 @@ def check_paths(plan: BuildPlan) -> None:
         raise PathUnavailable("vLLM is not installed here; `kernelcache build` runs vLLM's own sampler code")
     for path in plan.paths:
         module, what = REQUIRED_MODULES[path]
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:
-            found = False
-        if not found:
+        if not _module_file(module):
             where = "installed" if path == "flashinfer" else f"in the installed vllm {package_version('vllm')}"
             raise PathUnavailable(
                 f"the recipe asks for the '{path}' path but {what} ({module}) is not {where}; "
                 "drop it from vllm.paths or pass --path"
             )
+
+
+def _module_file(module: str) -> bool:
+    """Whether ``module`` is installed, found on disk below its top package: importing its parents here
+    could fail for reasons that are no answer (vLLM's fused-MoE package imports C ops a CPU box lacks)."""
+    top, _, rest = module.partition(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    folders = list(spec.submodule_search_locations or ()) if spec else []
+    if not rest:
+        return spec is not None
+    relative = Path(*rest.split("."))
+    return any((Path(f) / relative).with_suffix(".py").is_file() or (Path(f) / relative / "__init__.py").is_file()
+               for f in folders)
 
 
 def plan_targets(plan: BuildPlan, arch: str, mode: str, gpus: list[VisibleGpu]) -> list[BuildTarget]:
@@ -83,7 +102,7 @@ def plan_targets(plan: BuildPlan, arch: str, mode: str, gpus: list[VisibleGpu]) 
         fits = ", ".join(sorted(p.name for p in PROFILES.values() if p.arch == arch)) or "none is built in"
         raise UsageError(f"the plan's GPU profiles are for {known}, not {arch}; pass --gpu with a profile of {arch} "
                          f"({fits}) or define one in the recipe")
-    by_sm: dict[int, list[GpuProfile]] = defaultdict(list)
+    by_sm: dict[tuple[int, str], list[GpuProfile]] = defaultdict(list)
     for p in profiles:
-        by_sm[p.sm_count].append(p)
-    return [BuildTarget(arch, sm, tuple(ps), "cross") for sm, ps in sorted(by_sm.items())]
+        by_sm[(p.sm_count, p.product if "moe" in plan.paths else "")].append(p)
+    return [BuildTarget(arch, sm, tuple(ps), "cross", product) for (sm, product), ps in sorted(by_sm.items())]

@@ -1,4 +1,8 @@
-"""What an exercise process runs: ``Task`` records, planned here (``vocab_tasks``) and run by exercise/worker.py."""
+"""What an exercise process runs: ``Task`` records, planned here and run by exercise/worker.py.
+
+A plan's work comes in units, one exercise process each (``plan_units``): one per vocab size (the
+sampler and speculative-decoding paths, ``vocab_tasks``) and one for the model's own layers
+(``model_tasks``: the fused-MoE kernels), which do not depend on the vocab."""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ from .recipe import BuildPlan
 
 SAMPLER = "kernelcache.exercise.vllm_sampler"
 SPEC_DECODE = "kernelcache.exercise.vllm_spec_decode"
+MOE = "kernelcache.exercise.vllm_moe"
+RUNNER = "kernelcache.exercise.vllm_runner"
 
 
 @dataclass(frozen=True)
@@ -51,4 +57,27 @@ def vocab_tasks(plan: BuildPlan, vocab: int) -> tuple[Task, ...]:
             "vocab": vocab, "max_num_seqs": plan.max_num_seqs, "num_speculative_tokens": plan.num_speculative_tokens,
             "max_model_len": plan.max_model_len, "dtypes": model_dtypes, "fp64_gumbel": plan.fp64_gumbel},
             label="mrv1_spec_decode"))
+    if "runner" in plan.paths:
+        tasks.append(Task(f"{RUNNER}:runner", {
+            "vocab": vocab, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
+            "max_num_batched_tokens": plan.max_num_batched_tokens, "dtypes": model_dtypes}, label="runner"))
     return tuple(tasks)
+
+
+def model_tasks(plan: BuildPlan) -> tuple[Task, ...]:
+    """The model's fused-MoE layers, once per dtype they run in (empty without the moe path)."""
+    model = plan.model
+    if "moe" not in plan.paths or model is None or not model.is_moe:
+        return ()
+    return tuple(Task(f"{MOE}:moe", {
+        "num_experts": model.num_experts, "hidden_size": model.hidden_size,
+        "intermediate_size": model.moe_intermediate_size, "top_k": model.num_experts_per_tok, "dtype": dtype,
+        "max_num_batched_tokens": plan.max_num_batched_tokens, "tensor_parallel_size": plan.tensor_parallel_size},
+        label="moe") for dtype in plan.moe_dtypes)
+
+
+def plan_units(plan: BuildPlan) -> list[tuple[str, tuple[Task, ...]]]:
+    """(name, tasks) per exercise process: each vocab size, then the model's layers; empty units dropped."""
+    units = [(str(v.size), vocab_tasks(plan, v.size)) for v in plan.vocabs]
+    units.append(("model", model_tasks(plan)))
+    return [(name, tasks) for name, tasks in units if tasks]

@@ -1,0 +1,127 @@
+"""A model, as far as its Triton kernels care: the fields of a Hugging Face ``config.json`` a build reads.
+
+``kernelcache build --model-config PATH/config.json`` (a local file; nothing is fetched) and a recipe's
+``[model]`` table (the same field names, so a recipe can be a config.json's relevant lines) both give a
+``ModelSpec``. Today it decides the vocab size (the sampler paths) and, for mixture-of-experts models,
+the fused-MoE kernels' dimensions (the ``moe`` path); attention and runner fields are kept for the
+families that will read them.
+
+Field names differ between model families (Hugging Face transformers' configuration classes):
+experts are ``num_experts`` (Qwen2/Qwen3 MoE), ``num_local_experts`` (Mixtral) or ``n_routed_experts``
+(DeepSeek-V2/V3); each expert's FFN width is ``moe_intermediate_size`` (Qwen, DeepSeek) or, for
+Mixtral, ``intermediate_size``; the dtype is ``torch_dtype`` (``dtype`` since transformers 4.56). A
+multimodal config holds the language model's fields in ``text_config``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import RecipeError
+
+MODEL_DTYPES = ("bfloat16", "float16", "float32")
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+# What a recipe's [model] table may hold (a config.json holds much more, which is ignored).
+RECIPE_KEYS = {"name", "architectures", "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+               "num_experts_per_tok", "num_attention_heads", "num_key_value_heads", "head_dim",
+               "max_position_embeddings", "torch_dtype", "dtype", *_EXPERT_KEYS}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    dtype: str  # the checkpoint's dtype, what vLLM's --dtype auto serves
+    num_experts: int = 0  # 0: a dense model
+    moe_intermediate_size: int = 0  # one expert's FFN width, before tensor-parallel sharding
+    num_experts_per_tok: int = 0
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+    max_position_embeddings: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelSpec:
+        return cls(**data)
+
+
+def load_config(path: str | Path) -> ModelSpec:
+    """A local Hugging Face ``config.json`` -> ``ModelSpec`` (its folder names the model)."""
+    file = Path(path)
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RecipeError(f"{file}: no such model config") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"{file}: cannot read: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise RecipeError(f"{file}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{file}: a model config must be a JSON object")
+    name = file.parent.name if file.stem == "config" and file.parent.name else file.stem
+    return parse(data, str(file), name)
+
+
+def parse(data: dict, where: str, name: str = "") -> ModelSpec:
+    """The fields kernelcache reads, checked; an error names the file and the field."""
+    fields = {**data, **data["text_config"]} if isinstance(data.get("text_config"), dict) else data
+    architectures = fields.get("architectures") or data.get("architectures") or ["?"]
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise RecipeError(f"{where}: 'architectures' must be a list of class names")
+    experts = _experts(fields, where)
+    return ModelSpec(
+        name=str(fields.get("name") or name or architectures[0]),
+        architecture=architectures[0],
+        vocab_size=_int(fields, "vocab_size", where),
+        hidden_size=_int(fields, "hidden_size", where),
+        dtype=_dtype(fields, where),
+        num_experts=experts,
+        moe_intermediate_size=_moe_width(fields, experts, where),
+        num_experts_per_tok=_int(fields, "num_experts_per_tok", where) if experts else 0,
+        num_attention_heads=_int(fields, "num_attention_heads", where, 0),
+        num_key_value_heads=_int(fields, "num_key_value_heads", where, 0),
+        head_dim=_int(fields, "head_dim", where, 0),
+        max_position_embeddings=_int(fields, "max_position_embeddings", where, 0),
+    )
+
+
+def _experts(fields: dict, where: str) -> int:
+    for key in _EXPERT_KEYS:
+        if fields.get(key) is not None:
+            return _int(fields, key, where)
+    return 0
+
+
+def _moe_width(fields: dict, experts: int, where: str) -> int:
+    if not experts:
+        return 0
+    key = "moe_intermediate_size" if "moe_intermediate_size" in fields else "intermediate_size"
+    return _int(fields, key, where)
+
+
+def _dtype(fields: dict, where: str) -> str:
+    value = fields.get("torch_dtype", fields.get("dtype", "bfloat16"))
+    if value not in MODEL_DTYPES:
+        raise RecipeError(f"{where}: model dtype {value!r} is not one of {', '.join(MODEL_DTYPES)}")
+    return value
+
+
+def _int(fields: dict, key: str, where: str, default: int | None = None) -> int:
+    value: Any = fields.get(key, default)
+    if value is None:
+        raise RecipeError(f"{where}: the model config has no '{key}'")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (value == 0 and default is None):
+        raise RecipeError(f"{where}: model field '{key}' must be a positive integer, got {value!r}")
+    return value
