@@ -251,3 +251,44 @@ def test_lab_build_for_the_serving_fingerprint_is_refused_before_compiling(serve
     table = done.stderr.split("fingerprint differences", 1)[1]
     assert "triton" in table and "3.8.0" in table
     assert not (tmp_path / "work").exists() and not list((tmp_path / "out").glob("*.tar.zst"))
+
+
+# -- a model recipe on the serving stack (issue 14) --------------------------------------------------
+
+QWEN3_30B_A3B = {"architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 151936, "hidden_size": 2048,
+                 "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+                 "num_experts_per_tok": 8, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                 "max_position_embeddings": 40960, "torch_dtype": "bfloat16"}
+MODEL_FLAGS = ("--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--max-model-len", "1024")
+
+
+@pytest.fixture(scope="module")
+def model_bundle(builder, tmp_path_factory) -> Path:
+    """`build --model-config` (a local config.json, Qwen3-30B-A3B's fields) for the fused-MoE layer and
+    Model Runner V2's kernels, small serving sizes, in the serving venv (torch 2.14, Triton 3.8)."""
+    root = tmp_path_factory.mktemp("model")
+    config = root / "Qwen3-30B-A3B" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(QWEN3_30B_A3B))
+    done = ok(builder.kernelcache("build", "--arch", ARCH, "--gpu", GPU, "--model-config", str(config), "--path", "moe",
+                                  "--path", "runner", "--dtype", "bfloat16", *MODEL_FLAGS, "--mode", "cross",
+                                  "-o", str(root / "out"), "--json", timeout=3000))
+    return Path(json.loads(done.stdout)[0]["bundles"][0]["path"])
+
+
+def test_model_config_builds_moe_and_runner_on_the_serving_stack(model_bundle):
+    assert model_bundle.name == f"Qwen3-30B-A3B-{ARCH}-{GPU}.tar.zst"
+    manifest = json.loads(kc("inspect", str(model_bundle), "--json", check=True).stdout)
+    assert manifest["environment"]["triton"] == "3.8.0"
+    plan = manifest["build"]["plan"]
+    assert plan["model"]["num_experts"] == 128 and plan["max_num_batched_tokens"] == 64
+    coverage = manifest["build"]["coverage"]
+    assert set(coverage["fused_moe_kernel"]["by_path"]) == {"moe"}
+    assert any("runner" in c["by_path"] for name, c in coverage.items() if name != "fused_moe_kernel")
+
+
+def test_model_bundle_installs_in_another_serving_venv_and_verify_sees_no_compile(model_bundle, server, tmp_path):
+    cache = tmp_path / "cache"
+    ok(server.kernelcache("install", str(model_bundle), "--cache-dir", str(cache)))
+    verified = ok(server.kernelcache("verify", str(model_bundle), "--cache-dir", str(cache), timeout=3000))
+    assert re.search(r"\b[1-9]\d* hits, 0 compiles,", verified.stdout), verified.stdout
