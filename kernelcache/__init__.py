@@ -11,6 +11,8 @@ Importing this package imports neither torch nor triton; each verb imports what 
 
 from __future__ import annotations
 
+import sys
+import types
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +50,21 @@ if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load
     from .remote.oci import push
     from .runtime.env import activate, env, run
     from .verify import verify
+
+
+class _Package(types.ModuleType):
+    """``build``, ``install``, ``capture`` and ``verify`` name both a verb and the module that holds it. Importing
+    such a module makes Python bind the module to the package's attribute; refused here, so
+    ``kernelcache.verify`` stays the verb however often it is called and whatever was imported before
+    (``from kernelcache.verify import ...`` still reaches the module)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _API and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

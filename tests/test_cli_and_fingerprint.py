@@ -46,6 +46,22 @@ def rewrite(bundle, out, **env_changes):
     return out
 
 
+VERBS_STAY_VERBS = r"""
+import json, kernelcache
+first = [callable(getattr(kernelcache, v)) for v in ("build", "install", "capture", "verify")]
+from kernelcache.build import build  # the verb from its module, imported by name
+import kernelcache.install, kernelcache.verify
+again = [type(getattr(kernelcache, v)).__name__ for v in ("build", "install", "capture", "verify")]
+print(json.dumps({"first": first, "again": again, "same": kernelcache.build is build}))
+"""
+
+
+def test_verbs_stay_verbs_when_their_modules_are_imported():
+    """kernelcache.verify(...) twice in one process, or after `from kernelcache.verify import ...`: the verb."""
+    done = subprocess.run([sys.executable, "-c", VERBS_STAY_VERBS], capture_output=True, text=True, env=clean_env())
+    assert json.loads(done.stdout) == {"first": [True] * 4, "again": ["function"] * 4, "same": True}, done.stderr
+
+
 def test_env_var_set_here_but_not_at_build_is_refused(bundle90, tmp_path):
     done = kc("install", str(bundle90), "--cache-dir", str(tmp_path / "c"),
               env={"TRITON_DEFAULT_FP_FUSION": "1"})
