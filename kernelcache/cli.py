@@ -157,7 +157,8 @@ def plan_options(recipe_help: str):
         click.option("--max-num-seqs", type=int, default=None, help="vLLM max_num_seqs (the batch range)."),
         click.option("--path", "paths", multiple=True,
                      help="Path(s): registry, mrv1, mrv2, flashinfer, mrv1_spec_decode (needs drafts), "
-                          "moe (needs a MoE model), runner (Model Runner V2's own kernels)."),
+                          "moe (needs a MoE model), runner (Model Runner V2's own kernels), attention (needs "
+                          "--attention-backend TRITON_ATTN)."),
         click.option("--model-config", type=click.Path(dir_okay=False), default=None,
                      help="A local Hugging Face config.json: its vocab, dtype and (MoE) expert kernels, its name "
                           "for the bundle."),
@@ -169,6 +170,13 @@ def plan_options(recipe_help: str):
                      help="vLLM num_speculative_tokens: drafts per request (mrv1_spec_decode, and the batch range)."),
         click.option("--max-model-len", type=int, default=None,
                      help="vLLM max_model_len (mrv1_spec_decode: EAGLE's block-table width)."),
+        click.option("--attention-backend", default=None,
+                     help="vLLM --attention-backend: TRITON_ATTN adds the attention path (vLLM's Triton backend); "
+                          "auto, FLASH_ATTN, FLASHINFER compile no Triton attention kernel."),
+        click.option("--kv-cache-dtype", default=None, help="vLLM --kv-cache-dtype: auto (the model's), fp8, "
+                                                            "fp8_e4m3, fp8_e5m2 (attention)."),
+        click.option("--block-size", type=int, default=None, help="vLLM --block-size: tokens per KV-cache block "
+                                                                  "(runner, attention) [default: 16]."),
         click.option("--mode", type=click.Choice(["auto", "cross", "native"]), default="auto", show_default=True,
                      help="native: run on a visible GPU of the arch; cross: a faithful fake target; "
                           "auto: native if possible."),
@@ -179,11 +187,15 @@ def plan_options(recipe_help: str):
     def decorate(func):
         @functools.wraps(func)
         def command(*args, gpus, vocabs, dtypes, max_num_seqs, paths, num_speculative_tokens, max_model_len,
-                    model_config, max_num_batched_tokens, tensor_parallel_size, **kwargs):
+                    model_config, max_num_batched_tokens, tensor_parallel_size, attention_backend, kv_cache_dtype,
+                    block_size, **kwargs):
             from .plan.recipe import PlanOverrides
 
-            overrides = PlanOverrides(gpus, vocabs, dtypes, max_num_seqs, paths, num_speculative_tokens, max_model_len,
-                                      model_config, max_num_batched_tokens, tensor_parallel_size)
+            overrides = PlanOverrides(
+                gpus=gpus, vocabs=vocabs, dtypes=dtypes, max_num_seqs=max_num_seqs, paths=paths,
+                num_speculative_tokens=num_speculative_tokens, max_model_len=max_model_len, model_config=model_config,
+                max_num_batched_tokens=max_num_batched_tokens, tensor_parallel_size=tensor_parallel_size,
+                attention_backend=attention_backend, kv_cache_dtype=kv_cache_dtype, block_size=block_size)
             return func(*args, overrides=overrides, **kwargs)
 
         for option in reversed(options):

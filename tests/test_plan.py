@@ -141,7 +141,7 @@ def test_model_recipes_ship_and_round_trip():
     from kernelcache.plan.tasks import plan_units
 
     shipped = {p.stem: plan_file.load(p) for p in sorted(plan_file.DEFAULT_RECIPE.parent.glob("models/*.toml"))}
-    assert {"qwen3-30b-a3b", "llama-3.1-8b", "llama-3.1-8b-eagle3"} <= set(shipped)
+    assert {"qwen3-30b-a3b", "llama-3.1-8b", "llama-3.1-8b-eagle3", "llama-3.1-8b-triton-attn"} <= set(shipped)
     for plan in shipped.values():
         assert plan_file.BuildPlan.from_dict(plan.to_dict()) == plan
         assert [v.size for v in plan.vocabs] == [plan.model.vocab_size]
@@ -209,3 +209,62 @@ def test_moe_targets_split_by_product_name(tmp_path):
     assert len({t.label for t in cross}) == 2
     sampler = plan.override(paths=["mrv2"])
     assert [[p.name for p in t.profiles] for t in plan_targets(sampler, "sm_90", "cross", [])] == [["h100-sxm", "h200"]]
+
+
+# -- the attention path (vLLM's Triton attention backend) ------------------------------------------
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": 4096, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+
+
+def attention_kwargs(plan) -> list[dict]:
+    from kernelcache.plan.tasks import plan_units
+
+    return [t.kwargs for name, tasks in plan_units(plan) if name == "model" for t in tasks if t.label == "attention"]
+
+
+def test_triton_attention_backend_adds_the_attention_path(tmp_path):
+    config = str(write_config(tmp_path, LLAMA, "Llama-3.1-8B"))
+    assert "attention" not in plan_file.load().override(model_config=config).paths  # auto: FlashAttention
+    plan = plan_file.load().override(model_config=config, attention_backend="TRITON_ATTN", kv_cache_dtype="fp8",
+                                     block_size=32, tensor_parallel_size=2, max_model_len=4096)
+    assert "attention" in plan.paths and plan_file.BuildPlan.from_dict(plan.to_dict()) == plan
+    # head_dim is not in Llama's config: hidden_size / num_attention_heads, as transformers derives it.
+    assert attention_kwargs(plan) == [{
+        "num_heads": 32, "num_kv_heads": 8, "head_size": 128, "dtype": "bfloat16", "kv_cache_dtype": "fp8",
+        "block_size": 32, "max_num_seqs": 256, "max_model_len": 4096, "max_num_batched_tokens": 8192,
+        "sliding_window": 0, "tensor_parallel_size": 2}]
+    assert "attention" not in plan.override(attention_backend="FLASH_ATTN").paths
+    shipped = plan_file.load(plan_file.DEFAULT_RECIPE.parent / "models" / "llama-3.1-8b-triton-attn.toml")
+    assert shipped.attention_backend == "TRITON_ATTN" and len(attention_kwargs(shipped)) == 1
+
+
+def test_sliding_windows_give_one_attention_task_each(tmp_path):
+    def windows(**fields) -> list[int]:
+        config = str(write_config(tmp_path, {**LLAMA, **fields}, "m"))
+        plan = plan_file.load().override(model_config=config, attention_backend="TRITON_ATTN")
+        return [k["sliding_window"] for k in attention_kwargs(plan)]
+
+    assert windows(sliding_window=4096) == [4096]  # Mistral: every layer windowed
+    assert windows(sliding_window=32768, use_sliding_window=False) == [0]  # Qwen2/Qwen3 carry an unused window
+    assert windows(sliding_window=None, head_dim=None) == [0]  # null: the default
+    mixed = ["sliding_attention", "full_attention"]
+    assert windows(sliding_window=128, layer_types=mixed) == [0, 128]  # gpt-oss, Gemma 3: both kinds
+
+
+def test_attention_path_needs_the_triton_backend_and_dividing_heads(tmp_path):
+    config = str(write_config(tmp_path, LLAMA, "Llama-3.1-8B"))
+    with pytest.raises(UsageError, match="needs attention_backend = TRITON_ATTN"):
+        plan_file.load().override(model_config=config, paths=["attention"])
+    with pytest.raises(UsageError, match="needs a model with num_attention_heads"):
+        plan_file.load().override(attention_backend="TRITON_ATTN", paths=["mrv2", "attention"])
+    with pytest.raises(UsageError, match="does not divide Llama-3.1-8B's 32 attention heads"):
+        plan_file.load().override(model_config=config, attention_backend="TRITON_ATTN", tensor_parallel_size=3)
+    for flag, value, message in (("--attention-backend", "XFORMERS", "'--attention-backend' must be one of"),
+                                 ("--kv-cache-dtype", "int4", "'--kv-cache-dtype' must be one of"),
+                                 ("--block-size", "0", "'--block-size' must be a positive integer")):
+        done = kc("build", "--arch", "sm_90", "--model-config", config, flag, value)
+        assert done.returncode == UsageError.exit_code and message in done.stderr, done.stderr
+    bad = GOOD.replace("[vllm]", '[vllm]\nattention_backend = "TRITON"')
+    with pytest.raises(RecipeError, match="'vllm.attention_backend' must be one of"):
+        plan_file.load(write(tmp_path, bad))

@@ -10,7 +10,11 @@ Field names differ between model families (Hugging Face transformers' configurat
 experts are ``num_experts`` (Qwen2/Qwen3 MoE), ``num_local_experts`` (Mixtral) or ``n_routed_experts``
 (DeepSeek-V2/V3); each expert's FFN width is ``moe_intermediate_size`` (Qwen, DeepSeek) or, for
 Mixtral, ``intermediate_size``; the dtype is ``torch_dtype`` (``dtype`` since transformers 4.56). A
-multimodal config holds the language model's fields in ``text_config``.
+multimodal config holds the language model's fields in ``text_config``. ``num_key_value_heads`` defaults
+to ``num_attention_heads`` and ``head_dim`` to ``hidden_size // num_attention_heads`` (transformers'
+LlamaConfig). ``sliding_window`` counts only where the model uses it: Qwen2/Qwen3 configs carry a window
+with ``use_sliding_window: false``; models whose ``layer_types`` mix ``sliding_attention`` and
+``full_attention`` (Gemma 2/3, gpt-oss) have layers of both kinds.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 # What a recipe's [model] table may hold (a config.json holds much more, which is ignored).
 RECIPE_KEYS = {"name", "architectures", "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
                "num_experts_per_tok", "num_attention_heads", "num_key_value_heads", "head_dim",
-               "max_position_embeddings", "torch_dtype", "dtype", *_EXPERT_KEYS}
+               "max_position_embeddings", "torch_dtype", "dtype", "sliding_window", "use_sliding_window",
+               "layer_types", *_EXPERT_KEYS}
 
 
 @dataclass(frozen=True)
@@ -44,10 +49,19 @@ class ModelSpec:
     num_key_value_heads: int = 0
     head_dim: int = 0
     max_position_embeddings: int = 0
+    sliding_window: int = 0  # 0: every attention layer sees the whole context
+    full_attention_layers: bool = True  # whether some layers attend to everything (with a window: mixed)
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def attention_windows(self) -> tuple[int, ...]:
+        """The distinct sliding windows of the attention layers (0: none)."""
+        if not self.sliding_window:
+            return (0,)
+        return (0, self.sliding_window) if self.full_attention_layers else (self.sliding_window,)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,6 +95,8 @@ def parse(data: dict, where: str, name: str = "") -> ModelSpec:
     if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
         raise RecipeError(f"{where}: 'architectures' must be a list of class names")
     experts = _experts(fields, where)
+    heads = _int(fields, "num_attention_heads", where, 0)
+    window, full_layers = _window(fields, where)
     return ModelSpec(
         name=str(fields.get("name") or name or architectures[0]),
         architecture=architectures[0],
@@ -90,11 +106,28 @@ def parse(data: dict, where: str, name: str = "") -> ModelSpec:
         num_experts=experts,
         moe_intermediate_size=_moe_width(fields, experts, where),
         num_experts_per_tok=_int(fields, "num_experts_per_tok", where) if experts else 0,
-        num_attention_heads=_int(fields, "num_attention_heads", where, 0),
-        num_key_value_heads=_int(fields, "num_key_value_heads", where, 0),
-        head_dim=_int(fields, "head_dim", where, 0),
+        num_attention_heads=heads,
+        num_key_value_heads=_int(fields, "num_key_value_heads", where, heads),
+        head_dim=_int(fields, "head_dim", where, _int(fields, "hidden_size", where) // heads if heads else 0),
         max_position_embeddings=_int(fields, "max_position_embeddings", where, 0),
+        sliding_window=window,
+        full_attention_layers=full_layers,
     )
+
+
+def _window(fields: dict, where: str) -> tuple[int, bool]:
+    """(the sliding window in use or 0, whether some layers attend to everything)."""
+    if fields.get("sliding_window") is None or fields.get("use_sliding_window") is False:
+        return 0, True
+    window = _int(fields, "sliding_window", where)
+    kinds = fields.get("layer_types")
+    if kinds is None:
+        return window, False
+    if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
+        raise RecipeError(f"{where}: 'layer_types' must be a list of strings")
+    if "sliding_attention" not in kinds:
+        return 0, True
+    return window, "full_attention" in kinds
 
 
 def _experts(fields: dict, where: str) -> int:
@@ -119,7 +152,8 @@ def _dtype(fields: dict, where: str) -> str:
 
 
 def _int(fields: dict, key: str, where: str, default: int | None = None) -> int:
-    value: Any = fields.get(key, default)
+    value: Any = fields.get(key)
+    value = default if value is None else value  # a config's null means "the default" (Mistral's head_dim)
     if value is None:
         raise RecipeError(f"{where}: the model config has no '{key}'")
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (value == 0 and default is None):

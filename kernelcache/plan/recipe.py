@@ -29,7 +29,14 @@ from .gpus import PROFILES, GpuProfile
 from .model import RECIPE_KEYS, ModelSpec, load_config
 from .model import parse as parse_model
 
-PATHS = ("registry", "mrv1", "mrv2", "flashinfer", "mrv1_spec_decode", "moe", "runner")
+PATHS = ("registry", "mrv1", "mrv2", "flashinfer", "mrv1_spec_decode", "moe", "runner", "attention")
+# vLLM's --attention-backend names that matter here: the attention path builds TRITON_ATTN's kernels; the
+# others are CUDA/C++ (FlashAttention, FlashInfer) and compile no Triton kernel. auto: vLLM's choice, which
+# on NVIDIA GPUs puts FLASH_ATTN (Hopper and older) or FLASHINFER (Blackwell) before TRITON_ATTN
+# (vllm/platforms/cuda.py, _get_backend_priorities).
+ATTENTION_BACKENDS = ("auto", "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN")
+TRITON_ATTN = "TRITON_ATTN"
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's --kv-cache-dtype; auto: the model's dtype
 MODES = ("top_k", "top_p", "top_k_top_p")
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "cache-manifests" / "vllm-sampler.toml"
@@ -55,6 +62,9 @@ class PlanOverrides:
     model_config: str | None = None  # a local Hugging Face config.json (--model-config)
     max_num_batched_tokens: int | None = None  # vLLM max_num_batched_tokens: the MoE token range
     tensor_parallel_size: int | None = None  # vLLM tensor_parallel_size: shards each expert's width
+    attention_backend: str | None = None  # vLLM --attention-backend: TRITON_ATTN adds the attention path
+    kv_cache_dtype: str | None = None  # vLLM --kv-cache-dtype (attention)
+    block_size: int | None = None  # vLLM --block-size: tokens per KV-cache block (runner, attention)
 
     def __post_init__(self) -> None:
         for name in ("gpus", "vocabs", "dtypes", "paths"):
@@ -82,6 +92,9 @@ class BuildPlan:
     max_model_len: int = 8192
     max_num_batched_tokens: int = 8192
     tensor_parallel_size: int = 1
+    attention_backend: str = "auto"
+    kv_cache_dtype: str = "auto"
+    block_size: int = 16  # vLLM's default on CUDA
     model: ModelSpec | None = None
     seeded: bool = True
     unseeded: bool = True
@@ -124,16 +137,19 @@ class BuildPlan:
             plan = self._override_model(given) if given.model_config else self
             plan = plan._override(given.gpus, given.vocabs, given.dtypes, given.max_num_seqs, given.paths)
             plan = plan._override_serving(given.num_speculative_tokens, given.max_model_len)
+            plan = plan._override_attention(given.attention_backend, given.kv_cache_dtype, given.block_size,
+                                            explicit_paths=bool(given.paths))
             return plan._override_batching(given.max_num_batched_tokens, given.tensor_parallel_size)
         except RecipeError as exc:
             raise UsageError(str(exc)) from None
 
     def _override_model(self, given: PlanOverrides) -> BuildPlan:
         """--model-config: the model's vocab, its dtype (with fp32, the processed paths'), its name for the
-        bundle, Model Runner V2's kernels and, for a mixture-of-experts model, the moe path (unless --path
-        says otherwise)."""
+        bundle, Model Runner V2's kernels, for a mixture-of-experts model the moe path and, when the plan
+        serves with the Triton attention backend, the attention path (unless --path says otherwise)."""
         model = load_config(given.model_config)
-        wanted = ("runner", "moe") if model.is_moe else ("runner",)
+        wanted = ("runner",) + (("moe",) if model.is_moe else ()) + (
+            ("attention",) if self.attention_backend == TRITON_ATTN else ())
         paths = tuple(p for p in self.paths if p != "moe") + tuple(p for p in wanted if p not in self.paths)
         return replace(self, model=model, name=_plain_name(model.name), paths=paths,
                        vocabs=(Vocab(model.vocab_size, (model.name,)),), dtypes=_model_dtypes(model))
@@ -147,6 +163,25 @@ class BuildPlan:
             changes["tensor_parallel_size"] = _positive(tensor_parallel_size, "--tensor-parallel-size", where)
         plan = replace(self, **changes)
         _check_moe(plan, where)
+        _check_attention(plan, where)
+        return plan
+
+    def _override_attention(self, backend, kv_cache_dtype, block_size, explicit_paths: bool) -> BuildPlan:
+        """--attention-backend TRITON_ATTN adds the attention path (another backend drops it) unless --path
+        named the paths; --kv-cache-dtype and --block-size set what its kernels are built for."""
+        where = "command line"
+        changes: dict[str, Any] = {}
+        if backend is not None:
+            changes["attention_backend"] = _choice(backend, ATTENTION_BACKENDS, "--attention-backend", where)
+            if not explicit_paths:
+                others = tuple(p for p in self.paths if p != "attention")
+                changes["paths"] = others + (("attention",) if backend == TRITON_ATTN else ())
+        if kv_cache_dtype is not None:
+            changes["kv_cache_dtype"] = _choice(kv_cache_dtype, KV_CACHE_DTYPES, "--kv-cache-dtype", where)
+        if block_size is not None:
+            changes["block_size"] = _positive(block_size, "--block-size", where)
+        plan = replace(self, **changes)
+        _check_attention(plan, where)
         return plan
 
     def _override_serving(self, num_speculative_tokens, max_model_len) -> BuildPlan:
@@ -178,7 +213,8 @@ class BuildPlan:
 
 _TOP_KEYS = {"name", "description", "gpus", "vllm", "vocab", "gpu", "model"}
 _VLLM_KEYS = {"paths", "max_num_seqs", "num_speculative_tokens", "max_model_len", "modes", "seeded", "unseeded",
-              "logits_dtypes", "min_p", "fp64_gumbel", "max_num_batched_tokens", "tensor_parallel_size"}
+              "logits_dtypes", "min_p", "fp64_gumbel", "max_num_batched_tokens", "tensor_parallel_size",
+              "attention_backend", "kv_cache_dtype", "block_size"}
 
 
 def load(path: str | Path | None = None) -> BuildPlan:
@@ -218,6 +254,10 @@ def parse(data: dict, where: str) -> BuildPlan:
         max_num_batched_tokens=_positive(vllm.get("max_num_batched_tokens", 8192), "vllm.max_num_batched_tokens",
                                          where),
         tensor_parallel_size=_positive(vllm.get("tensor_parallel_size", 1), "vllm.tensor_parallel_size", where),
+        attention_backend=_choice(vllm.get("attention_backend", "auto"), ATTENTION_BACKENDS, "vllm.attention_backend",
+                                  where),
+        kv_cache_dtype=_choice(vllm.get("kv_cache_dtype", "auto"), KV_CACHE_DTYPES, "vllm.kv_cache_dtype", where),
+        block_size=_positive(vllm.get("block_size", 16), "vllm.block_size", where),
         model=model,
         seeded=_bool(vllm.get("seeded", True), "vllm.seeded", where),
         unseeded=_bool(vllm.get("unseeded", True), "vllm.unseeded", where),
@@ -225,12 +265,21 @@ def parse(data: dict, where: str) -> BuildPlan:
         fp64_gumbel=_bool(vllm.get("fp64_gumbel", False), "vllm.fp64_gumbel", where),
         source=where,
     )
-    if "paths" not in vllm:  # the default (every path) runs moe only for a MoE model
-        plan = replace(plan, paths=tuple(p for p in plan.paths if p != "moe" or (model and model.is_moe)))
+    if "paths" not in vllm:  # the default (every path): moe only for a MoE model, attention only with TRITON_ATTN
+        plan = replace(plan, paths=tuple(p for p in plan.paths if _default_path(p, plan)))
     else:  # named on purpose: the default runs mrv1_spec_decode only with drafts
         _check_spec_decode(plan.paths, plan.num_speculative_tokens, where)
     _check_moe(plan, where)
+    _check_attention(plan, where)
     return plan
+
+
+def _default_path(path: str, plan: BuildPlan) -> bool:
+    if path == "moe":
+        return bool(plan.model and plan.model.is_moe)
+    if path == "attention":
+        return plan.model is not None and plan.attention_backend == TRITON_ATTN
+    return True
 
 
 def _model(table: Any, where: str, name: str) -> ModelSpec:
@@ -267,6 +316,22 @@ def _check_moe(plan: BuildPlan, where: str) -> None:
     if model.moe_intermediate_size % plan.tensor_parallel_size:
         raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
                           f"{model.name}'s expert width {model.moe_intermediate_size}")
+
+
+def _check_attention(plan: BuildPlan, where: str) -> None:
+    if "attention" not in plan.paths:
+        return
+    if plan.attention_backend != TRITON_ATTN:
+        raise RecipeError(f"{where}: the attention path builds vLLM's Triton attention backend; it needs "
+                          f"attention_backend = TRITON_ATTN (--attention-backend), the plan has "
+                          f"{plan.attention_backend}")
+    model = plan.model
+    if model is None or not model.num_attention_heads:
+        raise RecipeError(f"{where}: the attention path needs a model with num_attention_heads ([model] or "
+                          "--model-config)")
+    if model.num_attention_heads % plan.tensor_parallel_size:
+        raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
+                          f"{model.name}'s {model.num_attention_heads} attention heads")
 
 
 def _plain_name(name: str) -> str:
@@ -331,6 +396,12 @@ def _choices(values: Any, allowed: tuple[str, ...], key: str, where: str) -> tup
         if value not in allowed:
             raise RecipeError(f"{where}: '{key}' has unknown value {value!r} (allowed: {', '.join(allowed)})")
     return tuple(dict.fromkeys(values))
+
+
+def _choice(value: Any, allowed: tuple[str, ...], key: str, where: str) -> str:
+    if value not in allowed:
+        raise RecipeError(f"{where}: '{key}' must be one of {', '.join(allowed)}, got {value!r}")
+    return value
 
 
 def _positive(value: Any, key: str, where: str) -> int:

@@ -28,6 +28,7 @@ REQUIRED_MODULES = {
     "mrv1_spec_decode": ("vllm.v1.spec_decode.utils", "vLLM's speculative-decoding kernels"),
     "moe": ("vllm.model_executor.layers.fused_moe.fused_moe", "vLLM's fused-MoE Triton kernels"),
     "runner": ("vllm.v1.worker.gpu.input_batch", "Model Runner V2's input batch"),
+    "attention": ("vllm.v1.attention.backends.triton_attn", "vLLM's Triton attention backend"),
 }
 
 

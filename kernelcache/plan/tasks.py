@@ -2,7 +2,7 @@
 
 A plan's work comes in units, one exercise process each (``plan_units``): one per vocab size (the
 sampler and speculative-decoding paths, ``vocab_tasks``) and one for the model's own layers
-(``model_tasks``: the fused-MoE kernels), which do not depend on the vocab."""
+(``model_tasks``: the fused-MoE and Triton-attention kernels), which do not depend on the vocab."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ SAMPLER = "kernelcache.exercise.vllm_sampler"
 SPEC_DECODE = "kernelcache.exercise.vllm_spec_decode"
 MOE = "kernelcache.exercise.vllm_moe"
 RUNNER = "kernelcache.exercise.vllm_runner"
+ATTENTION = "kernelcache.exercise.vllm_attention"
 
 
 @dataclass(frozen=True)
@@ -60,11 +61,31 @@ def vocab_tasks(plan: BuildPlan, vocab: int) -> tuple[Task, ...]:
     if "runner" in plan.paths:
         tasks.append(Task(f"{RUNNER}:runner", {
             "vocab": vocab, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
-            "max_num_batched_tokens": plan.max_num_batched_tokens, "dtypes": model_dtypes}, label="runner"))
+            "max_num_batched_tokens": plan.max_num_batched_tokens, "block_size": plan.block_size,
+            "dtypes": model_dtypes}, label="runner"))
     return tuple(tasks)
 
 
 def model_tasks(plan: BuildPlan) -> tuple[Task, ...]:
+    """The model's layers: fused MoE once per dtype it runs in, Triton attention once per sliding window."""
+    return moe_tasks(plan) + attention_tasks(plan)
+
+
+def attention_tasks(plan: BuildPlan) -> tuple[Task, ...]:
+    """vLLM's Triton attention backend for the model's layers (empty without the attention path)."""
+    model = plan.model
+    if "attention" not in plan.paths or model is None:
+        return ()
+    return tuple(Task(f"{ATTENTION}:attention", {
+        "num_heads": model.num_attention_heads, "num_kv_heads": model.num_key_value_heads,
+        "head_size": model.head_dim, "dtype": model.dtype, "kv_cache_dtype": plan.kv_cache_dtype,
+        "block_size": plan.block_size, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
+        "max_num_batched_tokens": plan.max_num_batched_tokens, "sliding_window": window,
+        "tensor_parallel_size": plan.tensor_parallel_size}, label="attention")
+        for window in model.attention_windows)
+
+
+def moe_tasks(plan: BuildPlan) -> tuple[Task, ...]:
     """The model's fused-MoE layers, once per dtype they run in (empty without the moe path)."""
     model = plan.model
     if "moe" not in plan.paths or model is None or not model.is_moe:
