@@ -1,0 +1,663 @@
+"""Drive vLLM 0.33's Mamba-2 mixer so a build holds every Triton key a hybrid model's Mamba layers ask for,
+every candidate config of the autotuned SSD kernels included.
+
+One exercise task (see exercise/worker.py), ``mamba``. What a server runs for a Mamba-2 layer (Nemotron-H,
+Granite-4.0-H, Falcon-H1, Zamba2, Mamba2, Bamba) on Hopper, in vLLM 0.33, with the default Triton SSU backend
+(config/mamba.py:40) and no prefix caching (``mamba_cache_mode="none"``):
+
+* the model builds ``MambaMixer2`` (model_executor/layers/mamba/mamba_mixer2.py:266; Nemotron-H at
+  models/nemotron_h.py:390); the runner binds its ``(conv_state, ssm_state)`` views out of one int8 page per
+  block (``MambaBase.bind_kv_cache``, layers/mamba/abstract.py) and builds one ``Mamba2AttentionMetadata`` per
+  step with ``Mamba2AttentionMetadataBuilder.build`` from the step's ``CommonAttentionMetadata``
+  (v1/attention/backends/mamba2_attn.py, v1/worker/gpu/attn_utils.py:528-575);
+* ``MambaMixer2.forward``: ``in_proj`` (cuBLAS), the ``vllm::mamba_mixer2`` op -> ``conv_ssm_forward``: for the
+  prefill rows ``causal_conv1d_fn`` and ``mamba_chunk_scan_combined_varlen`` (ssd_combined.py: the SSD kernels
+  ``_chunk_cumsum_fwd_kernel``, ``_chunk_state_fwd_kernel``, ``_state_passing_fwd_kernel``,
+  ``_bmm_chunk_fwd_kernel``, ``_chunk_scan_fwd_kernel``, all ``@triton.autotune``d), for the decode rows
+  ``causal_conv1d_update`` and ``selective_state_update`` (ops/mamba_ssm.py, through ssu_dispatch.py's Triton
+  backend); then the gated RMSNorm (``Mixer2RMSNormGated``: the Triton ``rms_norm_gated`` only when
+  ``n_groups == 1`` and the custom op is on, else torch) and ``out_proj``.
+
+Batches, as the scheduler makes them (decodes first, then prefills, mamba_attn.py ``split_decodes_and_prefills``):
+decode-only batches of 1..``max_num_seqs`` requests; single prefills of every length class up to
+``max_num_batched_tokens`` (fresh, and continuing a chunked prefill at an offset that is not chunk-aligned);
+several prefills in one step; decodes mixed with prefills. Triton specializes every int argument on ``== 1`` and
+``% 16 == 0`` (token counts, chunk counts, batch sizes); ``SWEEP`` lists the counts that reach each class.
+
+Autotuned kernels. On the GPU the first launch of each autotune key (the ``key`` arguments' values plus every
+tensor argument's dtype, triton/runtime/autotuner.py ``Autotuner.run``) compiles and benchmarks every config left
+after pruning; vLLM's ``launch_autotuned`` (ops/triton_helpers.py) then reuses the winner. Later launches with
+other specializations (alignment, ``== 1``, ``% 16``) compile only the winner, which the build cannot know. So in
+cross mode every launch of an autotuned kernel compiles every candidate config for the arguments at hand:
+the autotuner's own ``prune_configs`` picks the candidates (``early_config_prune`` / ``perf_model``; SSD chunk
+scan drops configs at import on sm_90, ssd_chunk_scan.py:27-38), its own ``_bench`` runs each one through
+``JITFunction.run``, and the benchmark is replaced by a compile-only one (the fake target has no clock); the
+first candidate is then launched (a no-op). The per-instance autotune cache and vLLM's ``_autotuned_configs``
+are bypassed so that no specialization is skipped, and ``cache_results`` is off so that no autotune JSON with
+made-up timings reaches the bundle.
+
+What stays for first launch on the GPU: the benchmark itself (each candidate is a disk hit, then timed: a few ms
+per config and key), and Triton then stores its choice as ``<kernel>.autotune.json`` (vLLM's env_override.py:176
+sets ``TRITON_CACHE_AUTOTUNING=1``). That JSON holds measured timings (``configs_timings``) under a key hashed
+from the Triton version, the target, the kernel source, the tuning key and the candidate list; it cannot be
+computed off the GPU.
+
+Not driven: the profile run's ``_warmup_ssd_kernels`` (mamba_mixer2.py:616, called when ``attn_metadata`` is None:
+fresh contiguous SSD inputs, possibly other alignment/stride classes), prefix caching (``mamba_cache_mode="align"``,
+vLLM's default when prefix caching is on: prefill checkpoints, ``return_intermediate_states``,
+``store_prefill_checkpoint``), speculative decoding, ReplaySSM, the FlashInfer SSU backend, CUDA graphs, pages
+padded to the attention page size (block strides are the unpadded page; only their ``% 16`` class matters), and
+TP > 1 (``tensor_parallel`` is in place but untested).
+
+Cross mode (exercise/fake_device.py): FakeTensors on ``cuda``; the layer calls ``mamba_mixer2``, the Python body
+of the ``vllm::mamba_mixer2`` op (mamba_mixer2.py:1230), since under a FakeTensor mode the op runs its fake
+implementation; the build's CUDA platform answers ``is_arch_support_pdl`` as vLLM's CUDA platform does
+(platforms/cuda.py:738: capability major >= 9), since ``causal_conv1d_*`` pass it as ``launch_pdl``, a compile
+option. C ops: ``_C::cutlass_scaled_mm_supports_fp8`` (a capability query at import of the linear layers'
+fp8 module, answered as the CUDA code does) plus exercise/fake_ops.py's; none on the forward path. Native mode runs
+the same code on real tensors and lets Triton autotune for real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from .vllm_sampler import _device_scope, _require_triton, cross
+
+LAYER_NAME = "model.layers.0.mixer"
+DTYPES = ("bfloat16", "float16")
+STATE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+SSD_MODULES = ("ssd_bmm", "ssd_chunk_scan", "ssd_chunk_state", "ssd_state_passing")
+CONTEXT = 37  # tokens already in a request's state before a decode or a continued prefill
+
+# The MambaMixer2 arguments each architecture takes from its config.json (vLLM 0.33 model files).
+ARCHITECTURES = {
+    "NemotronHForCausalLM": {  # models/nemotron_h.py:390
+        "hidden_size": "hidden_size", "mamba_num_heads": "mamba_num_heads", "mamba_head_dim": "mamba_head_dim",
+        "ssm_state_size": "ssm_state_size", "n_groups": "n_groups", "conv_kernel": "conv_kernel",
+        "chunk_size": "chunk_size", "mamba_ssm_cache_dtype": "mamba_ssm_cache_dtype"},
+    "GraniteMoeHybridForCausalLM": {  # models/granitemoehybrid.py:72 (head count x head dim == expand x hidden)
+        "hidden_size": "hidden_size", "mamba_num_heads": "mamba_n_heads", "mamba_head_dim": "mamba_d_head",
+        "ssm_state_size": "mamba_d_state", "n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv",
+        "chunk_size": "mamba_chunk_size"},
+    "FalconH1ForCausalLM": {  # models/falcon_h1.py:118
+        "hidden_size": "hidden_size", "mamba_num_heads": "mamba_n_heads", "mamba_head_dim": "mamba_d_head",
+        "ssm_state_size": "mamba_d_state", "n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv",
+        "chunk_size": "mamba_chunk_size"},
+    "Mamba2ForCausalLM": {  # models/mamba2.py:57
+        "hidden_size": "hidden_size", "mamba_num_heads": "num_heads", "mamba_head_dim": "head_dim",
+        "ssm_state_size": "state_size", "n_groups": "n_groups", "conv_kernel": "conv_kernel",
+        "chunk_size": "chunk_size"},
+}
+
+
+def mamba(*, hidden_size: int, mamba_num_heads: int, mamba_head_dim: int, ssm_state_size: int, n_groups: int,
+          conv_kernel: int, chunk_size: int, dtype: str, max_num_seqs: int, max_num_batched_tokens: int,
+          mamba_ssm_cache_dtype: str = "auto", tensor_parallel_size: int = 1,
+          entries: list[str] | None = None) -> dict:
+    """Run the mixer over every batch composition of ``sweep``; returns what ran, compiled and was faked.
+
+    Arguments are Nemotron-H's config.json names (``ARCHITECTURES`` maps other architectures' names).
+    ``mamba_ssm_cache_dtype``: the SSM state dtype (``auto``: the model dtype; Nemotron-H's vLLM config class
+    makes ``auto`` float32, models/config.py:812, so pass what the server resolves). ``entries``: ``decode``,
+    ``prefill``, ``mixed`` (default all three). TP ``t`` is built as rank 0 of ``t``: heads and groups sharded as
+    ``MambaMixer2`` shards them, with no process group.
+    """
+    started = time.perf_counter()
+    entries = list(entries) if entries else list(ENTRIES)
+    dims = Dims(hidden_size, mamba_num_heads, mamba_head_dim, ssm_state_size, n_groups, conv_kernel, chunk_size,
+                dtype, mamba_ssm_cache_dtype, tensor_parallel_size)
+    check_arguments(dims, entries)
+    substitutions = prepare()
+    _require_triton()
+    tuner = AutotuneCandidates() if cross() else None
+    with tensor_parallel(tensor_parallel_size), _device_scope(), real_host(), (tuner or contextlib.nullcontext()):
+        layer = make_layer(dims, max_num_seqs, max_num_batched_tokens)
+        calls: Counter = Counter()
+        for entry in entries:
+            for batch in sweep(entry, max_num_seqs, max_num_batched_tokens, chunk_size):
+                forward(layer, batch, random_hidden(layer, batch))
+                calls[entry] += 1
+    return {**describe(layer), "entries": entries, "calls": dict(calls), "substitutions": substitutions,
+            "autotune": tuner.summary() if tuner else "native: Triton's autotuner benchmarked on the device",
+            "seconds": round(time.perf_counter() - started, 2)}
+
+
+@dataclass(frozen=True)
+class Dims:
+    hidden_size: int
+    num_heads: int
+    head_dim: int
+    state_size: int
+    n_groups: int
+    conv_kernel: int
+    chunk_size: int
+    dtype: str
+    ssm_cache_dtype: str = "auto"
+    tp: int = 1
+
+
+def check_arguments(dims: Dims, entries: list[str]) -> None:
+    """Refuse what the layer cannot be built for, before anything is imported."""
+    if dims.dtype not in DTYPES:
+        raise ValueError(f"mamba: dtype must be one of {DTYPES}, got {dims.dtype!r}")
+    if dims.ssm_cache_dtype not in STATE_DTYPES:
+        raise ValueError(f"mamba: mamba_ssm_cache_dtype must be one of {STATE_DTYPES}, got {dims.ssm_cache_dtype!r}")
+    if dims.tp < 1 or dims.num_heads % dims.tp or (dims.n_groups % dims.tp and dims.n_groups != 1):
+        raise ValueError(f"mamba: TP {dims.tp} must divide mamba_num_heads {dims.num_heads} and n_groups "
+                         f"{dims.n_groups} (or n_groups == 1), as MambaMixer2 asserts")
+    if dims.num_heads % dims.n_groups:
+        raise ValueError(f"mamba: n_groups {dims.n_groups} must divide mamba_num_heads {dims.num_heads}")
+    if set(entries) - set(ENTRIES):
+        raise ValueError(f"mamba: entries must be among {sorted(ENTRIES)}, got {entries}")
+
+
+def prepare() -> dict:
+    """Import shims (exercise/fake_ops.py) and, in cross mode, the platform's PDL answer; returns both."""
+    import vllm._custom_ops  # noqa: F401 -- loads vLLM's compiled ops where they are installed
+
+    from . import fake_ops
+
+    done = fake_ops.install()
+    done["ops"] += install_ops(fake_ops)
+    done["platform"] = pdl_like_cuda() if cross() else []
+    done["calls"] = [{"call": "torch.ops.vllm.mamba_mixer2", "by": "mamba_mixer2.mamba_mixer2 (mamba_mixer2.py:1230)",
+                      "why": "under FakeTensorMode the custom op runs its fake impl, which launches no kernel"}
+                     ] if cross() else []
+    return done
+
+
+def cutlass_scaled_mm_supports_fp8(cuda_device_capability: int) -> bool:
+    """csrc/libtorch_stable/quantization/w8a8/cutlass/scaled_mm_entry.cu: SM89+ with CUDA >= 12.0 (12.4 for SM89);
+    torch 2.11's CUDA 13.0 build satisfies both."""
+    return cuda_device_capability >= 89
+
+
+def install_ops(fake_ops: Any) -> list[dict]:
+    """The C ops the Mamba-2 path meets beyond exercise/fake_ops.py's: registered only where absent."""
+    spec = fake_ops.OpSpec("_C", "cutlass_scaled_mm_supports_fp8",
+                           "cutlass_scaled_mm_supports_fp8(int cuda_device_capability) -> bool",
+                           "csrc/torch_bindings.cpp; called at import by quantization/online/fp8.py:193 "
+                           "(w8a8_utils.py:18, vllm/_custom_ops.py:777), reached from linear.py:522",
+                           cutlass_scaled_mm_supports_fp8)
+    if fake_ops._present(spec):
+        return []
+    fake_ops._register(spec)
+    return [{"op": spec.qualname, "upstream": spec.upstream, "fake": False, "torch": "cutlass_scaled_mm_supports_fp8"}]
+
+
+def pdl_like_cuda() -> list[dict]:
+    """Make the build's platform answer ``is_arch_support_pdl`` as platforms/cuda.py:738 does on the target."""
+    from vllm.platforms import current_platform
+
+    platform = type(current_platform)
+    if platform.__name__ == "CudaPlatform" or "is_arch_support_pdl" in vars(platform):
+        return []
+    platform.is_arch_support_pdl = classmethod(lambda cls: cls.get_device_capability().major >= 9)
+    return [{"platform": f"{platform.__name__}.is_arch_support_pdl", "as": "platforms/cuda.py:738 (major >= 9)",
+             "why": "causal_conv1d passes it as launch_pdl, a Triton compile option"}]
+
+
+@contextlib.contextmanager
+def real_host():
+    """Cross mode: host tensors stay real inside the fake CUDA scope, so the metadata builder's CPU arithmetic
+    (``.item()``, ``.tolist()``, masks over ``query_start_loc_cpu``) computes values as on the server; pinning
+    host memory (vLLM's ``PIN_MEMORY`` staging, utils/torch_utils.py) is a no-op, as it needs a driver."""
+    if not cross():
+        yield
+        return
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class RealHost(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in PINNING:  # host memory is not pinned without a driver; no Triton key depends on it
+                return PINNING[func](*args)
+            if kwargs.get("pin_memory"):
+                kwargs = {**kwargs, "pin_memory": False}
+            if host_only(args, kwargs):
+                from torch.utils._python_dispatch import _disable_current_modes
+
+                with _disable_current_modes():
+                    return func(*args, **kwargs)
+            return func(*args, **kwargs)
+
+    import torch
+
+    aten = torch.ops.aten
+    PINNING = {aten._pin_memory.default: lambda tensor, *_: tensor, aten.is_pinned.default: lambda *_: True}
+    class Unpinned(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.Tensor.pin_memory:
+                return args[0]
+            if func is torch.Tensor.is_pinned:
+                return True
+            if kwargs.get("pin_memory"):
+                kwargs = {**kwargs, "pin_memory": False}
+            return func(*args, **kwargs)
+
+    with RealHost(), Unpinned():
+        yield
+
+
+def host_only(args: Any, kwargs: dict) -> bool:
+    """No fake tensor among the arguments and no device other than the CPU named."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._pytree import tree_leaves
+
+    for leaf in tree_leaves((args, kwargs)):
+        if isinstance(leaf, FakeTensor):
+            return False
+        if isinstance(leaf, torch.Tensor) and leaf.device.type != "cpu":
+            return False
+        if isinstance(leaf, (torch.device, str)) and leaf in ("cuda", torch.device("cuda")):
+            return False
+    device = kwargs.get("device")
+    return device is None or torch.device(device).type == "cpu"
+
+
+# -- tensor parallelism without a process group ---------------------------------------------------------------
+
+_TP_USERS = ("vllm.model_executor.layers.mamba.mamba_mixer2", "vllm.model_executor.layers.linear",
+             "vllm.distributed", "vllm.distributed.parallel_state")
+
+
+@contextlib.contextmanager
+def tensor_parallel(size: int):
+    """A one-process world (gloo) when none exists; for TP > 1, rank 0 of ``size`` as the layers see it
+    (their ``get_tensor_model_parallel_world_size`` / ``_rank``), without a group: the Mamba path on one rank
+    runs no collective when ``n_groups % size == 0`` and the norm is not grouped across ranks."""
+    import importlib
+
+    single_rank()
+    if size == 1:
+        yield
+        return
+    saved = []
+    for name in _TP_USERS:
+        module = importlib.import_module(name)
+        for attr, value in (("get_tensor_model_parallel_world_size", lambda: size),
+                            ("get_tensor_model_parallel_rank", lambda: 0)):
+            if hasattr(module, attr):
+                saved.append((module, attr, getattr(module, attr)))
+                setattr(module, attr, value)
+    try:
+        yield
+    finally:
+        for module, attr, value in saved:
+            setattr(module, attr, value)
+
+
+def single_rank() -> None:
+    """vLLM's world and TP group for one process (gloo), as a one-GPU server has them."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    if model_parallel_is_initialized():
+        return
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with set_current_vllm_config(VllmConfig()):
+        init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, "gloo")
+        initialize_model_parallel(1)
+
+
+# -- the layer, its state and its metadata builder ------------------------------------------------------------
+
+
+@dataclass
+class ModelConfigView:
+    """What ``MambaMixer2`` and the Mamba-2 metadata builder read from ``ModelConfig``: the model dtype
+    (``get_state_dtype``) and ``get_mamba_chunk_size()`` (config/model.py:1798), with the served length."""
+
+    dtype: Any
+    chunk_size: int
+    max_model_len: int
+
+    def get_mamba_chunk_size(self) -> int:
+        return self.chunk_size
+
+
+@dataclass
+class MambaLayer:
+    """One ``MambaMixer2`` as the model builds it, its bound state, and the runner's metadata builder."""
+
+    mixer: Any
+    builder: Any  # Mamba2AttentionMetadataBuilder
+    vllm_config: Any
+    dims: Dims
+    max_num_seqs: int
+    block_table: Any = None  # [max_num_seqs, 1] int32, as MRV2's BlockTables hold a "none"-mode Mamba group
+    notes: dict = field(default_factory=dict)
+
+
+def make_layer(dims: Dims, max_num_seqs: int, max_num_batched_tokens: int) -> MambaLayer:
+    """``MambaMixer2`` as Nemotron-H builds it, its state bound as the runner binds it, the SSU backend chosen
+    as the runner chooses it (ssu_dispatch.py:593), and the metadata builder; on ``cuda``."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+    from vllm.utils.torch_utils import set_default_torch_dtype
+    from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadataBuilder
+
+    config = vllm_config(dims, max_num_seqs, max_num_batched_tokens)
+    with set_current_vllm_config(config), set_default_torch_dtype(config.model_config.dtype), torch.device("cuda"):
+        mixer = MambaMixer2(hidden_size=dims.hidden_size, ssm_state_size=dims.state_size,
+                            conv_kernel_size=dims.conv_kernel, intermediate_size=dims.num_heads * dims.head_dim,
+                            use_conv_bias=True, use_bias=False, n_groups=dims.n_groups, num_heads=dims.num_heads,
+                            head_dim=dims.head_dim, rms_norm_eps=1e-5, activation="silu",
+                            model_config=config.model_config, cache_config=config.cache_config, prefix=LAYER_NAME)
+        fill_parameters(mixer)
+        spec = mixer.get_kv_cache_spec(config)
+        bind_state(mixer, spec, max_num_seqs + 1)
+        start_ssu_backend(config, spec)
+        builder = Mamba2AttentionMetadataBuilder(spec, [LAYER_NAME], config, torch.device("cuda"))
+        blocks = torch.empty((max_num_seqs, 1 + config.num_speculative_tokens), dtype=torch.int32, device="cuda")
+    return MambaLayer(mixer, builder, config, dims, max_num_seqs, blocks)
+
+
+def vllm_config(dims: Dims, max_num_seqs: int, max_num_batched_tokens: int) -> Any:
+    """A ``VllmConfig`` with the scheduler limits, prefix caching off (``mamba_cache_mode="none"``) and the SSM
+    state dtype the server resolves; ``model_config`` is ``ModelConfigView`` (no HF checkpoint here)."""
+    import torch
+    from vllm.config import VllmConfig
+
+    config = VllmConfig()
+    config.scheduler_config.max_num_seqs = max_num_seqs
+    config.scheduler_config.max_num_batched_tokens = max_num_batched_tokens
+    config.cache_config.enable_prefix_caching = False
+    config.cache_config.mamba_cache_mode = "none"
+    config.cache_config.mamba_ssm_cache_dtype = dims.ssm_cache_dtype
+    config.cache_config.mamba_block_size = max_num_batched_tokens
+    model = ModelConfigView(getattr(torch, dims.dtype), dims.chunk_size, max_num_batched_tokens)
+    object.__setattr__(config, "model_config", model)
+    return config
+
+
+def fill_parameters(mixer: Any) -> None:
+    """Native mode: seeded weights in place (the parameters were made in the model dtype, ``A`` in fp32, as
+    the loader makes them under ``set_default_torch_dtype``, model_loader/base_loader.py:73); ``A`` negative
+    and ``dt_bias`` small, as trained checkpoints have them."""
+    import torch
+
+    if cross():
+        return
+    generator = torch.Generator(device="cuda").manual_seed(1234)
+    with torch.no_grad():
+        for param in mixer.parameters():
+            fan_in = param.shape[-1] if param.dim() > 1 else 1
+            param.copy_(torch.randn(param.shape, generator=generator, device="cuda") / fan_in**0.5)
+        mixer.A.copy_(-torch.rand(mixer.A.shape, generator=generator, device="cuda") - 0.5)
+        mixer.dt_bias.copy_(torch.rand(mixer.dt_bias.shape, generator=generator, device="cuda") - 2.0)
+
+
+def bind_state(mixer: Any, spec: Any, num_blocks: int) -> None:
+    """One int8 page per block viewed ``[num_blocks, 1, 1, page]`` (block stride = the page, the layer-outermost
+    layout, v1/kv_cache_interface.py:418) and split into the layer's states by ``MambaBase.bind_kv_cache``."""
+    import torch
+
+    page = spec.page_size_bytes
+    raw = torch.zeros(num_blocks * page, dtype=torch.int8, device="cuda")
+    mixer.bind_kv_cache(raw.view(num_blocks, 1, 1, page))
+
+
+def start_ssu_backend(config: Any, spec: Any) -> None:
+    """``initialize_mamba_ssu_backend`` with a KV-cache config holding this layer's group, as the runner calls it."""
+    from vllm.model_executor.layers.mamba.ops.ssu_dispatch import initialize_mamba_ssu_backend
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    kv_config = KVCacheConfig(num_blocks=1, kv_cache_tensors=[],
+                              kv_cache_groups=[KVCacheGroupSpec([LAYER_NAME], spec)])
+    initialize_mamba_ssu_backend(config.mamba_config, kv_config)
+
+
+# -- batches --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One step: each request's (new tokens, tokens already in its state), decodes first."""
+
+    requests: tuple[tuple[int, int], ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(q for q, _ in self.requests)
+
+
+def sweep(entry: str, max_num_seqs: int, max_num_batched_tokens: int, chunk_size: int) -> list[Batch]:
+    """The batches of one entry (module docstring)."""
+    return SWEEP[entry](max_num_seqs, max_num_batched_tokens, chunk_size)
+
+
+def decode_batches(max_num_seqs: int, max_tokens: int, chunk_size: int) -> list[Batch]:
+    return [Batch(((1, CONTEXT),) * b) for b in range(1, min(max_num_seqs, max_tokens) + 1)]
+
+
+def prefill_lengths(max_tokens: int, chunk_size: int) -> list[int]:
+    """Lengths reaching each ``== 1`` / ``% 16`` class of the token count and of the chunk count."""
+    small = set(range(1, 34)) | {chunk_size - 1, chunk_size, chunk_size + 1, 2 * chunk_size, 2 * chunk_size + 1,
+                                 16 * chunk_size, 16 * chunk_size + 1, 17 * chunk_size, max_tokens, max_tokens - 1}
+    return sorted(n for n in small if 1 <= n <= max_tokens)
+
+
+def prefill_batches(max_num_seqs: int, max_tokens: int, chunk_size: int) -> list[Batch]:
+    """Single prompts (fresh, and continuing a chunked prefill off the chunk grid), then several prompts."""
+    batches = [Batch(((n, 0),)) for n in prefill_lengths(max_tokens, chunk_size)]
+    batches += [Batch(((n, CONTEXT),)) for n in prefill_lengths(max_tokens, chunk_size) if n > 1]
+    for count in sorted({2, 3, 16, 17, max_num_seqs}):
+        if 2 * count <= max_tokens and count <= max_num_seqs:
+            batches.append(Batch(((2, 0),) * count))
+            batches.append(Batch(((max_tokens // count, CONTEXT),) * count))
+    return batches
+
+
+def mixed_batches(max_num_seqs: int, max_tokens: int, chunk_size: int) -> list[Batch]:
+    """Decodes followed by one or two prefills (one continuing, as the scheduler chunks a long prompt)."""
+    batches = []
+    for decodes in sorted({1, 2, 15, 16, 17, max_num_seqs - 1}):
+        if 1 <= decodes < max_num_seqs:
+            for prompt in sorted({1 + 1, 17, chunk_size + 1, max_tokens - decodes}):
+                if 2 <= prompt <= max_tokens - decodes:
+                    batches.append(Batch(((1, CONTEXT),) * decodes + ((prompt, 0),)))
+                    batches.append(Batch(((1, CONTEXT),) * decodes + ((prompt, CONTEXT),)))
+    return batches
+
+
+SWEEP = {"decode": decode_batches, "prefill": prefill_batches, "mixed": mixed_batches}
+ENTRIES = tuple(SWEEP)
+
+
+def common_metadata(layer: MambaLayer, batch: Batch) -> Any:
+    """The step's ``CommonAttentionMetadata`` as MRV2's ``build_attn_metadata`` fills it (attn_utils.py:528)."""
+    import torch
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    query = [q for q, _ in batch.requests]
+    seq_lens = [q + c for q, c in batch.requests]
+    starts = torch.tensor([0, *query], dtype=torch.int32).cumsum(0).to(torch.int32)
+    num_reqs, num_tokens = len(query), batch.num_tokens
+    return CommonAttentionMetadata(
+        query_start_loc=torch.empty(num_reqs + 1, dtype=torch.int32, device="cuda").copy_(starts),
+        query_start_loc_cpu=starts, seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device="cuda"),
+        seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32), num_reqs=num_reqs,
+        num_actual_tokens=num_tokens, max_query_len=max(query), max_seq_len=max(seq_lens),
+        block_table_tensor=layer.block_table[:num_reqs],
+        slot_mapping=torch.zeros(num_tokens, dtype=torch.int64, device="cuda"),
+        is_prefilling=torch.tensor([q > 1 or c == 0 for q, c in batch.requests]))
+
+
+def fill_block_table(layer: MambaLayer, batch: Batch) -> None:
+    """Request ``i`` owns state block ``i + 1`` (block 0 is vLLM's null block)."""
+    import torch
+
+    if not cross():
+        rows = torch.arange(1, len(batch.requests) + 1, dtype=torch.int32, device="cuda")
+        layer.block_table[: len(batch.requests), 0] = rows
+
+
+def random_hidden(layer: MambaLayer, batch: Batch) -> Any:
+    import torch
+
+    generator = None if cross() else torch.Generator(device="cuda").manual_seed(batch.num_tokens)
+    dtype = getattr(torch, layer.dims.dtype)
+    return torch.randn((batch.num_tokens, layer.dims.hidden_size), generator=generator, device="cuda").to(dtype)
+
+
+def forward(layer: MambaLayer, batch: Batch, hidden: Any) -> Any:
+    """One step: the builder's metadata, then ``MambaMixer2.forward`` under the forward context."""
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+
+    fill_block_table(layer, batch)
+    metadata = layer.builder.build(0, common_metadata(layer, batch))
+    with set_current_vllm_config(layer.vllm_config), \
+            set_forward_context({LAYER_NAME: metadata}, layer.vllm_config, num_tokens=batch.num_tokens), \
+            python_body():
+        return layer.mixer.forward(hidden)
+
+
+@contextlib.contextmanager
+def python_body():
+    """Cross mode: ``torch.ops.vllm.mamba_mixer2`` resolves to its Python body while inside."""
+    if not cross():
+        yield
+        return
+    import torch
+    from vllm.model_executor.layers.mamba import mamba_mixer2
+
+    namespace = torch.ops.vllm
+    saved = namespace.__dict__.get("mamba_mixer2")
+    namespace.mamba_mixer2 = mamba_mixer2.mamba_mixer2
+    try:
+        yield
+    finally:
+        if saved is None:
+            del namespace.mamba_mixer2
+        else:
+            namespace.mamba_mixer2 = saved
+
+
+# -- autotuned kernels ----------------------------------------------------------------------------------------
+
+
+class _Rebench(dict):
+    """An autotune cache that reports every key as new, so each launch benchmarks (here: compiles) again."""
+
+    def __contains__(self, key: object) -> bool:
+        return False
+
+
+class _NeverStore(dict):
+    """vLLM's ``_autotuned_configs`` that remembers nothing, so every launch goes through ``Autotuner.run``."""
+
+    def __setitem__(self, key: object, value: object) -> None:
+        return None
+
+
+class AutotuneCandidates:
+    """Cross mode: every launch of an autotuned Mamba kernel compiles all candidates (module docstring)."""
+
+    def __init__(self) -> None:
+        self.kernels: dict[str, Any] = {}
+        self.candidates: dict[str, set] = {}
+        self.keys: dict[str, set] = {}
+        self.saved: list = []
+
+    def __enter__(self) -> AutotuneCandidates:
+        import importlib
+
+        from triton.runtime.autotuner import Autotuner
+
+        helpers = importlib.import_module("vllm.model_executor.layers.mamba.ops.triton_helpers")
+        self.saved.append((helpers, "_autotuned_configs", helpers._autotuned_configs))
+        helpers._autotuned_configs = _NeverStore()
+        for name in SSD_MODULES:
+            module = importlib.import_module(f"vllm.model_executor.layers.mamba.ops.{name}")
+            for kernel in vars(module).values():
+                if isinstance(kernel, Autotuner) and kernel.base_fn.__name__ not in self.kernels:
+                    self._patch(kernel)
+        return self
+
+    def _patch(self, kernel: Any) -> None:
+        name = kernel.base_fn.__name__
+        self.kernels[name] = kernel
+        self.candidates[name], self.keys[name] = set(), set()
+        for attr in ("cache", "cache_results"):
+            self.saved.append((kernel, attr, getattr(kernel, attr)))
+        kernel.cache, kernel.cache_results = _Rebench(), False
+        original = kernel._bench
+
+        def bench(*args, config, **meta):
+            self.candidates[name].add(config_label(config))
+            self.keys[name].add(tuple(meta.get(k, kernel.nargs.get(k)) for k in kernel.keys))
+            return original(*args, config=config, **meta)
+
+        kernel._bench = bench
+        kernel.__dict__["do_bench"] = compile_only_bench
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, attr, value in reversed(self.saved):
+            setattr(owner, attr, value)
+        for kernel in self.kernels.values():
+            kernel.__dict__.pop("do_bench", None)
+            kernel.__dict__.pop("_bench", None)
+
+    def summary(self) -> dict:
+        """Per autotuned kernel: its configs, the candidates compiled (after pruning), its tuning keys."""
+        return {name: {"configs": len(kernel.configs), "candidates": sorted(self.candidates[name]),
+                       "tuning_keys": [list(map(str, key)) for key in sorted(self.keys[name], key=str)],
+                       "key_args": list(kernel.keys), "pruned_by": pruning(kernel)}
+                for name, kernel in sorted(self.kernels.items())}
+
+
+def config_label(config: Any) -> str:
+    """A candidate as JSON: its meta-parameters, ``num_warps`` and ``num_stages`` (what its compile key holds)."""
+    import json
+
+    return json.dumps({**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages},
+                      sort_keys=True)
+
+
+def pruning(kernel: Any) -> list[str]:
+    """The autotuner's own pruning hooks (none on vLLM 0.33's SSD kernels; their config lists are fixed at
+    import, ``_drop_racy_wgmma_configs`` on sm_90)."""
+    hooks = [("early_config_prune", kernel.early_config_prune), ("perf_model", kernel.perf_model)]
+    return [name for name, hook in hooks if hook is not None]
+
+
+def compile_only_bench(kernel_call: Any, quantiles: Any = None) -> list[float]:
+    """The fake target's benchmark: one call (compile, no-op launch) and the same made-up time for every config."""
+    kernel_call()
+    return [1.0, 1.0, 1.0]
+
+
+# -- summary --------------------------------------------------------------------------------------------------
+
+
+def describe(layer: MambaLayer) -> dict:
+    """What vLLM chose for this layer: SSU backend, norm path, state layout and dtypes, chunk size."""
+    from vllm.model_executor.layers.mamba.ops.ssu_dispatch import get_mamba_ssu_backend
+
+    mixer = layer.mixer
+    conv_state, ssm_state = mixer.kv_cache[:2]
+    norm = mixer.norm
+    grouped = norm.n_groups != 1 or norm.n_groups % norm.tp_size != 0
+    return {"entry": "vllm.model_executor.layers.mamba.mamba_mixer2.MambaMixer2.forward",
+            "ssu_backend": get_mamba_ssu_backend().name, "chunk_size": layer.builder.chunk_size,
+            "norm": "forward_native (torch)" if grouped or not norm.enabled() else "rms_norm_gated (Triton)",
+            "conv_state": {"shape": list(conv_state.shape), "stride": list(conv_state.stride()),
+                           "dtype": str(conv_state.dtype).removeprefix("torch.")},
+            "ssm_state": {"shape": list(ssm_state.shape), "stride": list(ssm_state.stride()),
+                          "dtype": str(ssm_state.dtype).removeprefix("torch.")},
+            "dtype": layer.dims.dtype, "tensor_parallel_size": layer.dims.tp, "max_num_seqs": layer.max_num_seqs}
