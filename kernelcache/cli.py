@@ -156,25 +156,26 @@ def plan_options(recipe_help: str):
                           "moe runs in the ones other than float32."),
         click.option("--max-num-seqs", type=int, default=None, help="vLLM max_num_seqs (the batch range)."),
         click.option("--path", "paths", multiple=True,
-                     help="Path(s): registry, mrv1, mrv2, flashinfer, mrv1_spec_decode (needs drafts), "
-                          "moe (needs a MoE model), runner (Model Runner V2's own kernels), attention (needs "
-                          "--attention-backend TRITON_ATTN)."),
+                     help="Path(s): registry, mrv1, mrv2, flashinfer, mrv1_spec_decode and mrv2_spec_decode "
+                          "(need drafts), moe (needs a MoE model), runner (Model Runner V2's own kernels), "
+                          "attention (needs --attention-backend TRITON_ATTN), mamba (needs a hybrid model)."),
         click.option("--model-config", type=click.Path(dir_okay=False), default=None,
-                     help="A local Hugging Face config.json: its vocab, dtype and (MoE) expert kernels, its name "
-                          "for the bundle."),
+                     help="A local Hugging Face config.json: its vocab, dtype, MoE / attention / Mamba-2 layers, "
+                          "its name for the bundle."),
         click.option("--max-num-batched-tokens", type=int, default=None,
                      help="vLLM max_num_batched_tokens (moe: every token count up to it)."),
         click.option("--tensor-parallel-size", type=int, default=None,
                      help="vLLM tensor_parallel_size (moe: each GPU's share of an expert)."),
         click.option("--num-speculative-tokens", type=int, default=None,
-                     help="vLLM num_speculative_tokens: drafts per request (mrv1_spec_decode, and the batch range)."),
+                     help="vLLM num_speculative_tokens: drafts per request (the spec-decode paths, and the batch "
+                          "range)."),
         click.option("--max-model-len", type=int, default=None,
-                     help="vLLM max_model_len (mrv1_spec_decode: EAGLE's block-table width)."),
+                     help="vLLM max_model_len (spec decode, runner, attention: block-table widths)."),
         click.option("--attention-backend", default=None,
                      help="vLLM --attention-backend: TRITON_ATTN adds the attention path (vLLM's Triton backend); "
                           "auto, FLASH_ATTN, FLASHINFER compile no Triton attention kernel."),
         click.option("--kv-cache-dtype", default=None, help="vLLM --kv-cache-dtype: auto (the model's), fp8, "
-                                                            "fp8_e4m3, fp8_e5m2 (attention)."),
+                                                            "fp8_e4m3, fp8_e5m2 (the attention path: auto only)."),
         click.option("--block-size", type=int, default=None, help="vLLM --block-size: tokens per KV-cache block "
                                                                   "(runner, attention) [default: 16]."),
         click.option("--mode", type=click.Choice(["auto", "cross", "native"]), default="auto", show_default=True,

@@ -158,7 +158,7 @@ def test_model_config_drives_the_plan(tmp_path):
     path = write_config(tmp_path, QWEN3_MOE)
     plan = plan_file.load().override(model_config=str(path), tensor_parallel_size=2, max_num_batched_tokens=2048)
     assert plan.name == "Qwen3-30B-A3B" and [v.size for v in plan.vocabs] == [151936]
-    assert {"moe", "runner"} <= set(plan.paths) and plan.moe_dtypes == ("bfloat16",)
+    assert {"moe", "runner"} <= set(plan.paths) and plan.layer_dtypes == ("bfloat16",)
     assert plan.model.moe_intermediate_size == 768
     assert (plan.tensor_parallel_size, plan.max_num_batched_tokens) == (2, 2048)
     assert plan_file.BuildPlan.from_dict(plan.to_dict()) == plan
@@ -166,7 +166,7 @@ def test_model_config_drives_the_plan(tmp_path):
     mixtral = {"architectures": ["MixtralForCausalLM"], "vocab_size": 32000, "hidden_size": 4096,
                "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2, "torch_dtype": "float16"}
     plan = plan_file.load().override(model_config=str(write_config(tmp_path, mixtral, "mixtral")))
-    assert (plan.model.num_experts, plan.model.moe_intermediate_size, plan.moe_dtypes) == (8, 14336, ("float16",))
+    assert (plan.model.num_experts, plan.model.moe_intermediate_size, plan.layer_dtypes) == (8, 14336, ("float16",))
     wrapped = {"architectures": ["Qwen3VLMoeForConditionalGeneration"], "text_config": QWEN3_MOE}
     assert plan_file.load().override(model_config=str(write_config(tmp_path, wrapped, "vl"))).model.num_experts == 128
     dense = {k: v for k, v in QWEN3_MOE.items() if k not in ("num_experts", "moe_intermediate_size")}
@@ -226,15 +226,19 @@ def attention_kwargs(plan) -> list[dict]:
 def test_triton_attention_backend_adds_the_attention_path(tmp_path):
     config = str(write_config(tmp_path, LLAMA, "Llama-3.1-8B"))
     assert "attention" not in plan_file.load().override(model_config=config).paths  # auto: FlashAttention
-    plan = plan_file.load().override(model_config=config, attention_backend="TRITON_ATTN", kv_cache_dtype="fp8",
+    plan = plan_file.load().override(model_config=config, attention_backend="TRITON_ATTN", kv_cache_dtype="auto",
                                      block_size=32, tensor_parallel_size=2, max_model_len=4096)
     assert "attention" in plan.paths and plan_file.BuildPlan.from_dict(plan.to_dict()) == plan
     # head_dim is not in Llama's config: hidden_size / num_attention_heads, as transformers derives it.
     assert attention_kwargs(plan) == [{
-        "num_heads": 32, "num_kv_heads": 8, "head_size": 128, "dtype": "bfloat16", "kv_cache_dtype": "fp8",
+        "num_heads": 32, "num_kv_heads": 8, "head_size": 128, "dtype": "bfloat16", "kv_cache_dtype": "auto",
         "block_size": 32, "max_num_seqs": 256, "max_model_len": 4096, "max_num_batched_tokens": 8192,
         "sliding_window": 0, "tensor_parallel_size": 2}]
     assert "attention" not in plan.override(attention_backend="FLASH_ATTN").paths
+    # An fp8 KV cache: refused where Triton attention would need its kernels, accepted where it compiles none.
+    with pytest.raises(UsageError, match="kv_cache_dtype auto only"):
+        plan.override(kv_cache_dtype="fp8")
+    assert plan.override(attention_backend="FLASH_ATTN", kv_cache_dtype="fp8").kv_cache_dtype == "fp8"
     shipped = plan_file.load(plan_file.DEFAULT_RECIPE.parent / "models" / "llama-3.1-8b-triton-attn.toml")
     assert shipped.attention_backend == "TRITON_ATTN" and len(attention_kwargs(shipped)) == 1
 
@@ -268,3 +272,68 @@ def test_attention_path_needs_the_triton_backend_and_dividing_heads(tmp_path):
     bad = GOOD.replace("[vllm]", '[vllm]\nattention_backend = "TRITON"')
     with pytest.raises(RecipeError, match="'vllm.attention_backend' must be one of"):
         plan_file.load(write(tmp_path, bad))
+
+
+NEMOTRON_H = {"architectures": ["NemotronHForCausalLM"], "vocab_size": 131072, "hidden_size": 4096,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "mamba_num_heads": 128,
+              "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4, "chunk_size": 128,
+              "torch_dtype": "bfloat16"}
+GRANITE_H = {"architectures": ["GraniteMoeHybridForCausalLM"], "vocab_size": 100352, "hidden_size": 1536,
+             "num_attention_heads": 12, "mamba_n_heads": 48, "mamba_d_head": 64, "mamba_d_state": 128,
+             "mamba_n_groups": 1, "mamba_d_conv": 4, "mamba_chunk_size": 256, "torch_dtype": "bfloat16"}
+
+
+def mamba_kwargs(plan) -> list[dict]:
+    from kernelcache.plan.tasks import plan_units
+
+    return [t.kwargs for name, tasks in plan_units(plan) if name == "model" for t in tasks if t.label == "mamba"]
+
+
+def test_a_hybrid_model_adds_the_mamba_path_with_its_architectures_names(tmp_path):
+    plan = plan_file.load().override(model_config=str(write_config(tmp_path, NEMOTRON_H, "Nemotron-H-8B")),
+                                     max_num_seqs=8, max_num_batched_tokens=512)
+    assert "mamba" in plan.paths and plan_file.BuildPlan.from_dict(plan.to_dict()) == plan
+    # Nemotron-H's vLLM config class makes the SSM state float32 when the server leaves it on auto.
+    assert mamba_kwargs(plan) == [{
+        "mamba_num_heads": 128, "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
+        "chunk_size": 128, "mamba_ssm_cache_dtype": "float32", "hidden_size": 4096, "dtype": "bfloat16",
+        "max_num_seqs": 8, "max_num_batched_tokens": 512, "tensor_parallel_size": 1}]
+    granite = plan_file.load().override(model_config=str(write_config(tmp_path, GRANITE_H, "granite-4.0-h")))
+    [kwargs] = mamba_kwargs(granite)
+    assert (kwargs["mamba_num_heads"], kwargs["n_groups"], kwargs["chunk_size"], kwargs["mamba_ssm_cache_dtype"]) == (
+        48, 1, 256, "auto")
+    shipped = plan_file.load(plan_file.DEFAULT_RECIPE.parent / "models" / "nemotron-h-8b.toml")
+    assert mamba_kwargs(shipped)[0]["mamba_num_heads"] == 128 and "moe" not in shipped.paths
+
+
+def test_the_mamba_path_needs_a_hybrid_model_and_dividing_heads(tmp_path):
+    with pytest.raises(UsageError, match="needs a hybrid model with Mamba-2 layers"):
+        plan_file.load().override(model_config=str(write_config(tmp_path, LLAMA, "Llama")), paths=["mamba"])
+    config = str(write_config(tmp_path, NEMOTRON_H, "Nemotron-H-8B"))
+    with pytest.raises(UsageError, match="does not divide Nemotron-H-8B's 128 Mamba heads"):
+        plan_file.load().override(model_config=config, tensor_parallel_size=3)
+    with pytest.raises(UsageError, match="'mamba_ssm_cache_dtype' must be one of"):
+        plan_file.load().override(model_config=str(write_config(
+            tmp_path, {**NEMOTRON_H, "mamba_ssm_cache_dtype": "int8"}, "bad")))
+    with pytest.raises(UsageError, match="no 'mamba_d_state'"):
+        plan_file.load().override(model_config=str(write_config(
+            tmp_path, {k: v for k, v in GRANITE_H.items() if k != "mamba_d_state"}, "bad")))
+
+
+def test_mrv2_spec_decode_runs_with_drafts(tmp_path):
+    from kernelcache.plan.tasks import vocab_tasks
+
+    def spec(plan) -> list[dict]:
+        return [t.kwargs for t in vocab_tasks(plan, 128256) if t.label == "mrv2_spec_decode"]
+
+    plan = plan_file.load().override(paths=["mrv2", "mrv2_spec_decode"], num_speculative_tokens=3,
+                                     max_model_len=131072, block_size=32)
+    assert spec(plan) == [{"vocab": 128256, "max_num_seqs": 256, "num_speculative_tokens": 3,
+                           "max_model_len": 131072, "max_num_batched_tokens": 8192, "block_size": 32,
+                           "dtypes": list(plan.dtypes)}]
+    default = plan_file.load(write(tmp_path, GOOD.replace('paths = ["registry", "mrv2"]\n', "")))
+    assert "mrv2_spec_decode" in default.paths and not spec(default)  # every path, no drafts: no task
+    with pytest.raises(UsageError, match="the mrv2_spec_decode path needs num_speculative_tokens >= 1"):
+        plan_file.load().override(paths=["mrv2", "mrv2_spec_decode"])
+    shipped = plan_file.load(plan_file.DEFAULT_RECIPE.parent / "models" / "llama-3.1-8b-eagle3.toml")
+    assert spec(shipped) and "mrv1_spec_decode" in shipped.paths

@@ -75,26 +75,6 @@ STATE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 SSD_MODULES = ("ssd_bmm", "ssd_chunk_scan", "ssd_chunk_state", "ssd_state_passing")
 CONTEXT = 37  # tokens already in a request's state before a decode or a continued prefill
 
-# The MambaMixer2 arguments each architecture takes from its config.json (vLLM 0.33 model files).
-ARCHITECTURES = {
-    "NemotronHForCausalLM": {  # models/nemotron_h.py:390
-        "hidden_size": "hidden_size", "mamba_num_heads": "mamba_num_heads", "mamba_head_dim": "mamba_head_dim",
-        "ssm_state_size": "ssm_state_size", "n_groups": "n_groups", "conv_kernel": "conv_kernel",
-        "chunk_size": "chunk_size", "mamba_ssm_cache_dtype": "mamba_ssm_cache_dtype"},
-    "GraniteMoeHybridForCausalLM": {  # models/granitemoehybrid.py:72 (head count x head dim == expand x hidden)
-        "hidden_size": "hidden_size", "mamba_num_heads": "mamba_n_heads", "mamba_head_dim": "mamba_d_head",
-        "ssm_state_size": "mamba_d_state", "n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv",
-        "chunk_size": "mamba_chunk_size"},
-    "FalconH1ForCausalLM": {  # models/falcon_h1.py:118
-        "hidden_size": "hidden_size", "mamba_num_heads": "mamba_n_heads", "mamba_head_dim": "mamba_d_head",
-        "ssm_state_size": "mamba_d_state", "n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv",
-        "chunk_size": "mamba_chunk_size"},
-    "Mamba2ForCausalLM": {  # models/mamba2.py:57
-        "hidden_size": "hidden_size", "mamba_num_heads": "num_heads", "mamba_head_dim": "head_dim",
-        "ssm_state_size": "state_size", "n_groups": "n_groups", "conv_kernel": "conv_kernel",
-        "chunk_size": "chunk_size"},
-}
-
 
 def mamba(*, hidden_size: int, mamba_num_heads: int, mamba_head_dim: int, ssm_state_size: int, n_groups: int,
           conv_kernel: int, chunk_size: int, dtype: str, max_num_seqs: int, max_num_batched_tokens: int,
@@ -102,7 +82,8 @@ def mamba(*, hidden_size: int, mamba_num_heads: int, mamba_head_dim: int, ssm_st
           entries: list[str] | None = None) -> dict:
     """Run the mixer over every batch composition of ``sweep``; returns what ran, compiled and was faked.
 
-    Arguments are Nemotron-H's config.json names (``ARCHITECTURES`` maps other architectures' names).
+    Arguments are Nemotron-H's config.json names (plan/model.py's ``MAMBA_CONFIG_NAMES`` maps other
+    architectures' names).
     ``mamba_ssm_cache_dtype``: the SSM state dtype (``auto``: the model dtype; Nemotron-H's vLLM config class
     makes ``auto`` float32, models/config.py:812, so pass what the server resolves). ``entries``: ``decode``,
     ``prefill``, ``mixed`` (default all three). TP ``t`` is built as rank 0 of ``t``: heads and groups sharded as

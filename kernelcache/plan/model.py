@@ -2,9 +2,9 @@
 
 ``kernelcache build --model-config PATH/config.json`` (a local file; nothing is fetched) and a recipe's
 ``[model]`` table (the same field names, so a recipe can be a config.json's relevant lines) both give a
-``ModelSpec``. Today it decides the vocab size (the sampler paths) and, for mixture-of-experts models,
-the fused-MoE kernels' dimensions (the ``moe`` path); attention and runner fields are kept for the
-families that will read them.
+``ModelSpec``. It decides the vocab size (the sampler, runner and spec-decode paths), for
+mixture-of-experts models the fused-MoE kernels' dimensions (``moe``), the attention layers' heads and
+windows (``attention``) and a hybrid model's Mamba-2 layers (``mamba``).
 
 Field names differ between model families (Hugging Face transformers' configuration classes):
 experts are ``num_experts`` (Qwen2/Qwen3 MoE), ``num_local_experts`` (Mixtral) or ``n_routed_experts``
@@ -15,6 +15,12 @@ to ``num_attention_heads`` and ``head_dim`` to ``hidden_size // num_attention_he
 LlamaConfig). ``sliding_window`` counts only where the model uses it: Qwen2/Qwen3 configs carry a window
 with ``use_sliding_window: false``; models whose ``layer_types`` mix ``sliding_attention`` and
 ``full_attention`` (Gemma 2/3, gpt-oss) have layers of both kinds.
+
+Hybrid models' Mamba-2 layers (the ``mamba`` path) take their dimensions from names that differ per
+architecture (``MAMBA_CONFIG_NAMES``: what each vLLM 0.33 model file passes to ``MambaMixer2``). The SSM
+state's dtype is the config's ``mamba_ssm_cache_dtype`` where it has one; otherwise ``auto`` (the model's
+dtype), except Nemotron-H, whose vLLM config class turns ``auto`` into float32
+(vllm/model_executor/models/config.py, ``NemotronHForCausalLMConfig``).
 """
 
 from __future__ import annotations
@@ -27,12 +33,30 @@ from typing import Any
 from ..errors import RecipeError
 
 MODEL_DTYPES = ("bfloat16", "float16", "float32")
+SSM_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")  # vLLM --mamba-ssm-cache-dtype
+# Per architecture: MambaMixer2's argument -> the config.json field vLLM 0.33's model file reads for it.
+_NEMOTRON_H = {"mamba_num_heads": "mamba_num_heads", "mamba_head_dim": "mamba_head_dim",
+               "ssm_state_size": "ssm_state_size", "n_groups": "n_groups", "conv_kernel": "conv_kernel",
+               "chunk_size": "chunk_size"}  # models/nemotron_h.py (NemotronHMambaDecoderLayer)
+_GRANITE_FALCON = {"mamba_num_heads": "mamba_n_heads", "mamba_head_dim": "mamba_d_head",
+                   "ssm_state_size": "mamba_d_state", "n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv",
+                   "chunk_size": "mamba_chunk_size"}  # models/granitemoehybrid.py, models/falcon_h1.py
+MAMBA_CONFIG_NAMES = {
+    "NemotronHForCausalLM": _NEMOTRON_H,
+    "GraniteMoeHybridForCausalLM": _GRANITE_FALCON,
+    "FalconH1ForCausalLM": _GRANITE_FALCON,
+    "Mamba2ForCausalLM": {"mamba_num_heads": "num_heads", "mamba_head_dim": "head_dim",  # models/mamba2.py
+                          "ssm_state_size": "state_size", "n_groups": "n_groups", "conv_kernel": "conv_kernel",
+                          "chunk_size": "chunk_size"},
+}
+_SSM_CACHE_DEFAULT = {"NemotronHForCausalLM": "float32"}
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 # What a recipe's [model] table may hold (a config.json holds much more, which is ignored).
 RECIPE_KEYS = {"name", "architectures", "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
                "num_experts_per_tok", "num_attention_heads", "num_key_value_heads", "head_dim",
                "max_position_embeddings", "torch_dtype", "dtype", "sliding_window", "use_sliding_window",
-               "layer_types", *_EXPERT_KEYS}
+               "layer_types", "mamba_ssm_cache_dtype", *_EXPERT_KEYS,
+               *{name for names in MAMBA_CONFIG_NAMES.values() for name in names.values()}}
 
 
 @dataclass(frozen=True)
@@ -51,6 +75,11 @@ class ModelSpec:
     max_position_embeddings: int = 0
     sliding_window: int = 0  # 0: every attention layer sees the whole context
     full_attention_layers: bool = True  # whether some layers attend to everything (with a window: mixed)
+    mamba: MambaSpec | None = None  # a hybrid model's Mamba-2 layers
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.mamba is not None
 
     @property
     def is_moe(self) -> bool:
@@ -68,7 +97,21 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelSpec:
-        return cls(**data)
+        mamba = data.get("mamba")
+        return cls(**{**data, "mamba": MambaSpec(**mamba) if mamba else None})
+
+
+@dataclass(frozen=True)
+class MambaSpec:
+    """A Mamba-2 layer's dimensions, under MambaMixer2's argument names (exercise/vllm_mamba.py's task)."""
+
+    mamba_num_heads: int
+    mamba_head_dim: int
+    ssm_state_size: int
+    n_groups: int
+    conv_kernel: int
+    chunk_size: int
+    mamba_ssm_cache_dtype: str = "auto"
 
 
 def load_config(path: str | Path) -> ModelSpec:
@@ -112,7 +155,21 @@ def parse(data: dict, where: str, name: str = "") -> ModelSpec:
         max_position_embeddings=_int(fields, "max_position_embeddings", where, 0),
         sliding_window=window,
         full_attention_layers=full_layers,
+        mamba=_mamba(fields, architectures[0], where),
     )
+
+
+def _mamba(fields: dict, architecture: str, where: str) -> MambaSpec | None:
+    """The Mamba-2 layers of an architecture ``MAMBA_CONFIG_NAMES`` knows (None for any other)."""
+    names = MAMBA_CONFIG_NAMES.get(architecture)
+    if names is None:
+        return None
+    dtype = fields.get("mamba_ssm_cache_dtype") or _SSM_CACHE_DEFAULT.get(architecture, "auto")
+    if dtype not in SSM_CACHE_DTYPES:
+        raise RecipeError(f"{where}: 'mamba_ssm_cache_dtype' must be one of {', '.join(SSM_CACHE_DTYPES)}, "
+                          f"got {dtype!r}")
+    return MambaSpec(**{arg: _int(fields, name, where) for arg, name in names.items()},
+                     mamba_ssm_cache_dtype=dtype)
 
 
 def _window(fields: dict, where: str) -> tuple[int, bool]:

@@ -3,7 +3,7 @@
 A recipe says which vLLM sampler paths to exercise (and speculative decoding's, with drafts), for which
 vocab sizes, logits dtypes, batch range and sampling modes, and for which GPU profiles; a model recipe
 (``cache-manifests/models/``) adds a ``[model]`` table, the fields of the model's Hugging Face
-config.json (plan/model.py) that decide its vocab and its fused-MoE kernels. Every key is
+config.json (plan/model.py) that decide its vocab and its layers' kernels (MoE, attention, Mamba). Every key is
 checked; an error names the file and the key. ``PlanOverrides`` (the flags ``build`` and ``verify``
 share) override the file. ("Manifest" only ever means a bundle's manifest.json; the folder keeps its
 historical name.)
@@ -26,17 +26,21 @@ else:  # pragma: no cover - Python 3.10
 from ..bundle.manifest import arch_to_capability, capability_to_arch
 from ..errors import RecipeError, UsageError
 from .gpus import PROFILES, GpuProfile
-from .model import RECIPE_KEYS, ModelSpec, load_config
+from .model import MAMBA_CONFIG_NAMES, RECIPE_KEYS, ModelSpec, load_config
 from .model import parse as parse_model
 
-PATHS = ("registry", "mrv1", "mrv2", "flashinfer", "mrv1_spec_decode", "moe", "runner", "attention")
+PATHS = ("registry", "mrv1", "mrv2", "flashinfer", "mrv1_spec_decode", "mrv2_spec_decode", "moe", "runner",
+         "attention", "mamba")
+SPEC_DECODE_PATHS = ("mrv1_spec_decode", "mrv2_spec_decode")  # each needs drafts (num_speculative_tokens >= 1)
 # vLLM's --attention-backend names that matter here: the attention path builds TRITON_ATTN's kernels; the
 # others are CUDA/C++ (FlashAttention, FlashInfer) and compile no Triton kernel. auto: vLLM's choice, which
 # on NVIDIA GPUs puts FLASH_ATTN (Hopper and older) or FLASHINFER (Blackwell) before TRITON_ATTN
 # (vllm/platforms/cuda.py, _get_backend_priorities).
 ATTENTION_BACKENDS = ("auto", "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN")
 TRITON_ATTN = "TRITON_ATTN"
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's --kv-cache-dtype; auto: the model's dtype
+# vLLM's --kv-cache-dtype; auto: the model's dtype. The attention path builds only auto today (an fp8 KV cache
+# needs the cache-write and attention kernels' fp8 variants, which the exercise does not drive yet).
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 MODES = ("top_k", "top_p", "top_k_top_p")
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "cache-manifests" / "vllm-sampler.toml"
@@ -56,7 +60,7 @@ class PlanOverrides:
     vocabs: tuple[int, ...] | None = None  # vocab sizes (--vocab)
     dtypes: tuple[str, ...] | None = None  # logits dtypes (--dtype): float32 for the processed paths
     max_num_seqs: int | None = None  # vLLM max_num_seqs, the batch range (--max-num-seqs)
-    paths: tuple[str, ...] | None = None  # registry, mrv1, mrv2, flashinfer, mrv1_spec_decode, moe, runner
+    paths: tuple[str, ...] | None = None  # PATHS: registry, mrv1, mrv2, ..., attention, mamba
     num_speculative_tokens: int | None = None  # drafts per request (--num-speculative-tokens)
     max_model_len: int | None = None  # vLLM max_model_len (--max-model-len): EAGLE's block-table width
     model_config: str | None = None  # a local Hugging Face config.json (--model-config)
@@ -121,8 +125,8 @@ class BuildPlan:
         })
 
     @property
-    def moe_dtypes(self) -> tuple[str, ...]:
-        """The dtypes the MoE layers run in: the plan's non-fp32 dtypes, else the model's own."""
+    def layer_dtypes(self) -> tuple[str, ...]:
+        """The dtypes the model's layers (MoE, Mamba) run in: the plan's non-fp32 dtypes, else the model's."""
         return tuple(d for d in self.dtypes if d != "float32") or ((self.model.dtype,) if self.model else ())
 
     def for_arch(self, arch: str) -> tuple[GpuProfile, ...]:
@@ -145,12 +149,14 @@ class BuildPlan:
 
     def _override_model(self, given: PlanOverrides) -> BuildPlan:
         """--model-config: the model's vocab, its dtype (with fp32, the processed paths'), its name for the
-        bundle, Model Runner V2's kernels, for a mixture-of-experts model the moe path and, when the plan
-        serves with the Triton attention backend, the attention path (unless --path says otherwise)."""
+        bundle, Model Runner V2's kernels, for a mixture-of-experts model the moe path, for a hybrid model
+        the mamba path and, when the plan serves with the Triton attention backend, the attention path
+        (unless --path says otherwise)."""
         model = load_config(given.model_config)
-        wanted = ("runner",) + (("moe",) if model.is_moe else ()) + (
+        wanted = ("runner",) + (("moe",) if model.is_moe else ()) + (("mamba",) if model.is_hybrid else ()) + (
             ("attention",) if self.attention_backend == TRITON_ATTN else ())
-        paths = tuple(p for p in self.paths if p != "moe") + tuple(p for p in wanted if p not in self.paths)
+        paths = tuple(p for p in self.paths if p not in ("moe", "mamba")) + tuple(
+            p for p in wanted if p not in self.paths)
         return replace(self, model=model, name=_plain_name(model.name), paths=paths,
                        vocabs=(Vocab(model.vocab_size, (model.name,)),), dtypes=_model_dtypes(model))
 
@@ -163,6 +169,7 @@ class BuildPlan:
             changes["tensor_parallel_size"] = _positive(tensor_parallel_size, "--tensor-parallel-size", where)
         plan = replace(self, **changes)
         _check_moe(plan, where)
+        _check_mamba(plan, where)
         _check_attention(plan, where)
         return plan
 
@@ -267,9 +274,10 @@ def parse(data: dict, where: str) -> BuildPlan:
     )
     if "paths" not in vllm:  # the default (every path): moe only for a MoE model, attention only with TRITON_ATTN
         plan = replace(plan, paths=tuple(p for p in plan.paths if _default_path(p, plan)))
-    else:  # named on purpose: the default runs mrv1_spec_decode only with drafts
+    else:  # named on purpose: the default runs the spec-decode paths only with drafts
         _check_spec_decode(plan.paths, plan.num_speculative_tokens, where)
     _check_moe(plan, where)
+    _check_mamba(plan, where)
     _check_attention(plan, where)
     return plan
 
@@ -277,6 +285,8 @@ def parse(data: dict, where: str) -> BuildPlan:
 def _default_path(path: str, plan: BuildPlan) -> bool:
     if path == "moe":
         return bool(plan.model and plan.model.is_moe)
+    if path == "mamba":
+        return bool(plan.model and plan.model.is_hybrid)
     if path == "attention":
         return plan.model is not None and plan.attention_backend == TRITON_ATTN
     return True
@@ -301,8 +311,22 @@ def _model_dtypes(model: ModelSpec) -> tuple[str, ...]:
 
 
 def _check_spec_decode(paths: tuple[str, ...], num_speculative_tokens: int, where: str) -> None:
-    if "mrv1_spec_decode" in paths and num_speculative_tokens < 1:
-        raise RecipeError(f"{where}: the mrv1_spec_decode path needs num_speculative_tokens >= 1 (drafts per request)")
+    for path in SPEC_DECODE_PATHS:
+        if path in paths and num_speculative_tokens < 1:
+            raise RecipeError(f"{where}: the {path} path needs num_speculative_tokens >= 1 (drafts per request)")
+
+
+def _check_mamba(plan: BuildPlan, where: str) -> None:
+    if "mamba" not in plan.paths:
+        return
+    model = plan.model
+    if model is None or model.mamba is None:
+        what = "no model" if model is None else f"{model.name} ({model.architecture}), which has none"
+        raise RecipeError(f"{where}: the mamba path needs a hybrid model with Mamba-2 layers (architectures: "
+                          f"{', '.join(MAMBA_CONFIG_NAMES)}), the plan has {what}")
+    if model.mamba.mamba_num_heads % plan.tensor_parallel_size:
+        raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
+                          f"{model.name}'s {model.mamba.mamba_num_heads} Mamba heads")
 
 
 def _check_moe(plan: BuildPlan, where: str) -> None:
@@ -325,6 +349,9 @@ def _check_attention(plan: BuildPlan, where: str) -> None:
         raise RecipeError(f"{where}: the attention path builds vLLM's Triton attention backend; it needs "
                           f"attention_backend = TRITON_ATTN (--attention-backend), the plan has "
                           f"{plan.attention_backend}")
+    if plan.kv_cache_dtype != "auto":
+        raise RecipeError(f"{where}: the attention path builds kv_cache_dtype auto only (the model's dtype); "
+                          f"an {plan.kv_cache_dtype} KV cache's Triton kernels are not exercised yet")
     model = plan.model
     if model is None or not model.num_attention_heads:
         raise RecipeError(f"{where}: the attention path needs a model with num_attention_heads ([model] or "

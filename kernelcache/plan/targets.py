@@ -26,9 +26,12 @@ REQUIRED_MODULES = {
     "mrv2": ("vllm.v1.worker.gpu.sample.gumbel", "Model Runner V2's Gumbel sampler"),
     "flashinfer": ("flashinfer", "flashinfer-python"),
     "mrv1_spec_decode": ("vllm.v1.spec_decode.utils", "vLLM's speculative-decoding kernels"),
+    "mrv2_spec_decode": ("vllm.v1.worker.gpu.spec_decode.rejection_sampler",
+                         "Model Runner V2's speculative decoding"),
     "moe": ("vllm.model_executor.layers.fused_moe.fused_moe", "vLLM's fused-MoE Triton kernels"),
     "runner": ("vllm.v1.worker.gpu.input_batch", "Model Runner V2's input batch"),
     "attention": ("vllm.v1.attention.backends.triton_attn", "vLLM's Triton attention backend"),
+    "mamba": ("vllm.model_executor.layers.mamba.mamba_mixer2", "vLLM's Mamba-2 mixer"),
 }
 
 

@@ -1,12 +1,12 @@
 """What an exercise process runs: ``Task`` records, planned here and run by exercise/worker.py.
 
 A plan's work comes in units, one exercise process each (``plan_units``): one per vocab size (the
-sampler and speculative-decoding paths, ``vocab_tasks``) and one for the model's own layers
-(``model_tasks``: the fused-MoE and Triton-attention kernels), which do not depend on the vocab."""
+sampler, runner and speculative-decoding paths, ``vocab_tasks``) and one for the model's own layers
+(``model_tasks``: the fused-MoE, Triton-attention and Mamba-2 kernels), which do not depend on the vocab."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from .recipe import BuildPlan
 
@@ -15,6 +15,8 @@ SPEC_DECODE = "kernelcache.exercise.vllm_spec_decode"
 MOE = "kernelcache.exercise.vllm_moe"
 RUNNER = "kernelcache.exercise.vllm_runner"
 ATTENTION = "kernelcache.exercise.vllm_attention"
+MAMBA = "kernelcache.exercise.vllm_mamba"
+MRV2_SPEC_DECODE = "kernelcache.exercise.vllm_mrv2_spec_decode"
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,11 @@ def vocab_tasks(plan: BuildPlan, vocab: int) -> tuple[Task, ...]:
             "vocab": vocab, "max_num_seqs": plan.max_num_seqs, "num_speculative_tokens": plan.num_speculative_tokens,
             "max_model_len": plan.max_model_len, "dtypes": model_dtypes, "fp64_gumbel": plan.fp64_gumbel},
             label="mrv1_spec_decode"))
+    if "mrv2_spec_decode" in plan.paths and plan.num_speculative_tokens > 0:
+        tasks.append(Task(f"{MRV2_SPEC_DECODE}:mrv2_spec_decode", {
+            "vocab": vocab, "max_num_seqs": plan.max_num_seqs, "num_speculative_tokens": plan.num_speculative_tokens,
+            "max_model_len": plan.max_model_len, "max_num_batched_tokens": plan.max_num_batched_tokens,
+            "block_size": plan.block_size, "dtypes": model_dtypes}, label="mrv2_spec_decode"))
     if "runner" in plan.paths:
         tasks.append(Task(f"{RUNNER}:runner", {
             "vocab": vocab, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
@@ -67,8 +74,20 @@ def vocab_tasks(plan: BuildPlan, vocab: int) -> tuple[Task, ...]:
 
 
 def model_tasks(plan: BuildPlan) -> tuple[Task, ...]:
-    """The model's layers: fused MoE once per dtype it runs in, Triton attention once per sliding window."""
-    return moe_tasks(plan) + attention_tasks(plan)
+    """The model's layers: fused MoE and Mamba-2 once per dtype they run in, Triton attention once per
+    sliding window."""
+    return moe_tasks(plan) + attention_tasks(plan) + mamba_tasks(plan)
+
+
+def mamba_tasks(plan: BuildPlan) -> tuple[Task, ...]:
+    """A hybrid model's Mamba-2 layers, once per dtype they run in (empty without the mamba path)."""
+    model = plan.model
+    if "mamba" not in plan.paths or model is None or model.mamba is None:
+        return ()
+    return tuple(Task(f"{MAMBA}:mamba", {
+        **asdict(model.mamba), "hidden_size": model.hidden_size, "dtype": dtype, "max_num_seqs": plan.max_num_seqs,
+        "max_num_batched_tokens": plan.max_num_batched_tokens, "tensor_parallel_size": plan.tensor_parallel_size},
+        label="mamba") for dtype in plan.layer_dtypes)
 
 
 def attention_tasks(plan: BuildPlan) -> tuple[Task, ...]:
@@ -94,7 +113,7 @@ def moe_tasks(plan: BuildPlan) -> tuple[Task, ...]:
         "num_experts": model.num_experts, "hidden_size": model.hidden_size,
         "intermediate_size": model.moe_intermediate_size, "top_k": model.num_experts_per_tok, "dtype": dtype,
         "max_num_batched_tokens": plan.max_num_batched_tokens, "tensor_parallel_size": plan.tensor_parallel_size},
-        label="moe") for dtype in plan.moe_dtypes)
+        label="moe") for dtype in plan.layer_dtypes)
 
 
 def plan_units(plan: BuildPlan) -> list[tuple[str, tuple[Task, ...]]]:
