@@ -26,8 +26,10 @@ from pathlib import Path
 from . import __version__
 from .bundle.archive import source_date_epoch
 from .bundle.fingerprint import local_environment
+from .bundle.identity import identity_here
 from .bundle.make import PackResult, make_bundle
-from .bundle.manifest import Build, Environment, Target, capability_to_arch, flag_capability
+from .bundle.manifest import Build, Environment, Target, TritonIdentity, capability_to_arch, flag_capability
+from .bundle.manifest import identity_record as manifest_identity
 from .errors import BuildFailed
 from .exercise.jobs import WorkerResult, exercise, flashinfer_jit_module
 from .exercise.listener import CompileRecord
@@ -155,6 +157,7 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
     run = exercise(plan, target, work, work / "cache", jobs, extra_tasks, progress)
     # A FlashInfer-only plan runs no exercise process: fingerprint this interpreter's Triton instead.
     environment = _environment(run.results) if run.results else local_environment([target.arch])
+    identity = _identity(run.results) if run.results else identity_here([target.arch])
     records = run.log.compiles
     found = harvest(work / "cache", compiles=records, keep_ir=keep_ir)
     coverage = coverage_of(records)
@@ -169,7 +172,7 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
                            keep_ir=keep_ir, plan=_plan_record(plan, target), coverage=coverage,
                            skipped=tuple(found.skipped))
         tgt = Target("cuda", target.arch, 32, gpu=profile.name, sm_count=target.sm_count)
-        bundles.append(make_bundle(out / name, found.entries, tgt, environment, build_info, flashinfer))
+        bundles.append(make_bundle(out / name, found.entries, tgt, environment, build_info, flashinfer, identity))
     compiled = [r for r in records if not r.cache_hit]
     return TargetResult(target, tuple(bundles), time.perf_counter() - started,
                         sum((r.compile_us or 0) for r in compiled) / 1e6, len(compiled), coverage,
@@ -182,6 +185,13 @@ def _environment(results: tuple[WorkerResult, ...]) -> Environment:
     if len(seen) != 1:
         raise BuildFailed(f"the exercise processes reported {len(seen)} different Triton environments")
     return next(iter(seen.values()))
+
+
+def _identity(results: tuple[WorkerResult, ...]) -> TritonIdentity | None:
+    """The exercise processes' Triton by content, when they all recorded the same (else none is kept)."""
+    seen = {json.dumps(r.triton_identity, sort_keys=True) for r in results}
+    only = json.loads(seen.pop()) if len(seen) == 1 else None
+    return manifest_identity(only) if only else None
 
 
 def _flashinfer_modules(plan: BuildPlan, target: BuildTarget, work: Path) -> tuple:

@@ -41,8 +41,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .bundle import archive
-from .bundle.envkey import KnownEnvironment, environment_key
-from .bundle.fingerprint import Difference, compare, compare_gpu, local_environment
+from .bundle.envkey import KnownEnvironment, environment_key, package_dir
+from .bundle.fingerprint import Difference, compare, compare_gpu, local_environment, package_version
+from .bundle.identity import environment_from
 from .bundle.manifest import Environment, Kernel, Manifest
 from .cachedir import CacheDir, Journal, Receipt, atomic_write, publish_entries, recover, resolve_cache_dir
 from .cachedir.fingerprints import load_fingerprint, save_fingerprint, save_triton_key, seed_triton_key
@@ -82,6 +83,7 @@ class InstallPlan:
     force: bool = False
     limits: archive.Limits = field(default_factory=archive.Limits.from_env)
     fingerprint: KnownEnvironment | None = None  # computed for this plan: kept once the bundle is accepted
+    triton_key: str | None = None  # triton_key() here, known from the bundle's identity record
 
     @property
     def blocking(self) -> tuple[Difference, ...]:
@@ -132,7 +134,7 @@ class InstallPlan:
     def _keep_fingerprint(self, cache: CacheDir) -> None:
         if self.fingerprint is not None:
             save_fingerprint(cache, self.fingerprint)
-            save_triton_key(cache, self.fingerprint.key)
+            save_triton_key(cache, self.fingerprint.key, self.triton_key)
 
 
 def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,
@@ -158,34 +160,53 @@ def plan_install_manifest(path: Path, manifest: Manifest, cache_dir: Path, force
     ``probe``: a GPU probe already started; ``digest``: the manifest's digest when already known."""
     lim = limits or archive.Limits.from_env()
     check_entries(manifest)
-    fresh = None
+    here = Fingerprinted(None)
     try:
-        here, fresh = environment_here(manifest.environment.ptxas or [manifest.target.arch], CacheDir(cache_dir))
+        here = environment_here(manifest.environment.ptxas or [manifest.target.arch], CacheDir(cache_dir), manifest)
     except KernelcacheError:
         if not force:
             raise
-        here = None
-    differences = compare(manifest, here) if here is not None else []
+    differences = compare(manifest, here.environment) if here.environment is not None else []
     if check_gpu:
         differences += compare_gpu(manifest.target, (probe or GpuProbe.start()).result())
     return InstallPlan(path, manifest, digest or archive.bundle_digest(manifest), cache_dir, tuple(differences),
-                       force, lim, fresh)
+                       force, lim, here.record, here.triton_key)
 
 
-def environment_here(archs: Iterable[str], cache: CacheDir) -> tuple[Environment, KnownEnvironment | None]:
-    """This environment's fingerprint, and the record to keep when it had to be computed.
+@dataclass(frozen=True)
+class Fingerprinted:
+    """This environment's fingerprint, the record to keep when it had to be taken, and ``triton_key()``
+    when the bundle's identity record gave it."""
 
-    The cache dir's record is used when it was computed under the key that holds now (it names every
-    file, binary and variable the fingerprint reads) and covers ``archs``; otherwise Triton computes it.
-    A key that changed while it was computed (a pip running beside us) yields no record to keep."""
+    environment: Environment | None
+    record: KnownEnvironment | None = None
+    triton_key: str | None = None
+
+
+def environment_here(archs: Iterable[str], cache: CacheDir, manifest: Manifest | None = None) -> Fingerprinted:
+    """This environment's fingerprint, from the cheapest source that is certain:
+
+    1. the cache dir's record, when it was computed under the key that holds now (it names every file,
+       binary and variable the fingerprint reads) and covers ``archs``;
+    2. the bundle's identity record (bundle/identity.py), when this Triton's files are the ones it names
+       (by content: a few ms) and nothing here makes Triton read another ptxas or another variable;
+    3. Triton itself (an import and ``triton_key()``'s hash of libtriton.so).
+    A key that changed meanwhile (a pip running beside us) yields no record to keep."""
     wanted = set(archs)
     key = environment_key()
     known = load_fingerprint(cache, key)
     if known is not None and known.covers(key, wanted):
-        return known.environment, None
+        return Fingerprinted(known.environment)
+    identity = manifest.triton_identity if manifest is not None else None
+    if identity is not None and key.triton:
+        found = environment_from(identity, manifest.environment, sorted(wanted), package_dir("triton"),
+                                 package_version)
+        if found is not None:
+            return Fingerprinted(found, KnownEnvironment(key, found) if environment_key() == key else None,
+                                 identity.triton_key)
     seed_triton_key(cache)  # an earlier install's, if Triton's files still hold it: no libtriton hash
     environment = local_environment(sorted(wanted | set(known.environment.ptxas if known else ())))
-    return environment, KnownEnvironment(key, environment) if environment_key() == key else None
+    return Fingerprinted(environment, KnownEnvironment(key, environment) if environment_key() == key else None)
 
 
 def install_if_present(digest: str, cache_dir: str | os.PathLike | None = None, force: bool = False,

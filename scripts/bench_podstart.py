@@ -4,7 +4,9 @@
     python scripts/bench_podstart.py --bundle B [--source after=. --source before=/path/to/main] [--runs 15]
 
 Each ``--source LABEL=DIR`` is a kernelcache tree run as ``python -m kernelcache`` with
-``PYTHONPATH=DIR`` (so one interpreter and one set of packages measure old and new code). Rounds
+``PYTHONPATH=DIR`` (so one interpreter and one set of packages measure old and new code);
+``LABEL=DIR@BUNDLE`` gives that tree its own copy of the bundle (a tree from before a manifest field
+refuses a bundle that has it: ``scripts/strip_identity.py`` writes one without the Triton identity). Rounds
 interleave the sources, so a load that changes during the run weighs on each alike. Scenarios:
 
 * ``noop-install``: ``install B`` into a cache dir that holds B (installed once before the runs);
@@ -191,10 +193,18 @@ def machine(python: str) -> str:
     return f"{model}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {versions}"
 
 
+def source(pair: str, python: str, bundle: Path, work: Path) -> Source:
+    """``LABEL=DIR`` or ``LABEL=DIR@BUNDLE`` (that tree's own copy of the bundle)."""
+    label, _, rest = pair.partition("=")
+    root, _, own = rest.partition("@")
+    return Source(label, Path(root).resolve(), python, Path(own or bundle).resolve(), work)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bundle", required=True, type=Path)
-    parser.add_argument("--source", action="append", default=[], help="LABEL=DIR (default: after=this tree)")
+    parser.add_argument("--source", action="append", default=[],
+                        help="LABEL=DIR or LABEL=DIR@BUNDLE (default: after=this tree)")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--parts", action="store_true", help="Also time the parts of a first fingerprint.")
@@ -202,8 +212,7 @@ def main() -> int:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kc-podstart-"))
     pairs = args.source or [f"after={Path(__file__).resolve().parents[1]}"]
-    sources = [Source(label, Path(root).resolve(), args.python, args.bundle.resolve(), work)
-               for label, _, root in (p.partition("=") for p in pairs)]
+    sources = [source(pair, args.python, args.bundle, work) for pair in pairs]
     print(f"before: {machine(args.python)}", flush=True)
     for source in sources:
         source.prepare()

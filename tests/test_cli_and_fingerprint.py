@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
 
+from helpers.bundles import rewrite
 from helpers.common import clean_env, kc, run_job
 
-from kernelcache.bundle import archive
 from kernelcache.bundle.fingerprint import compare_gpu
 from kernelcache.bundle.manifest import Target
 from kernelcache.errors import ArchMismatch, BundleFormatError, FingerprintMismatch, UsageError
@@ -35,15 +34,6 @@ def test_import_and_help_need_no_torch_or_triton():
     assert done.returncode == 0, done.stderr
     for verb in ("pack", "inspect", "install", "env", "run"):
         assert verb in done.stdout
-
-
-def rewrite(bundle, out, **env_changes):
-    """The same members under a manifest whose environment differs (a bundle from elsewhere)."""
-    manifest = archive.read_manifest(bundle)
-    changed = dataclasses.replace(manifest, environment=dataclasses.replace(manifest.environment, **env_changes))
-    data = {name: blob for _, name, blob in archive.iter_members(bundle)}
-    archive.write(out, changed, [(name, lambda blob=blob: blob) for name, blob in data.items()])
-    return out
 
 
 VERBS_STAY_VERBS = r"""

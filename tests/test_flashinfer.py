@@ -259,7 +259,8 @@ def test_flashinfer_only_bundle_ignores_the_triton_fingerprint(sampling90, tmp_p
 
     manifest = archive.read_manifest(bundle)
     moved = dataclasses.replace(manifest, environment=dataclasses.replace(
-        manifest.environment, python="cp399", triton="0.0.1", triton_key_sha256="0" * 64, ptxas={}))
+        manifest.environment, python="cp399", triton="0.0.1", triton_key_sha256="0" * 64, ptxas={}),
+        triton_identity=None)
     data = {name: blob for _, name, blob in archive.iter_members(bundle)}
     archive.write(tmp_path / "moved.tar.zst", moved, [(n, lambda b=b: b) for n, b in data.items()])
     kc("install", str(tmp_path / "moved.tar.zst"), "--cache-dir", str(tmp_path / "c"), env=NO_GPU, check=True)

@@ -196,18 +196,22 @@ print(json.dumps({"computed": len(computed)}))
 
 def test_an_install_on_restamped_files_takes_the_kept_key(bundle90, tmp_path):
     """An image baked with the install, unpacked on another node: same bytes, new ctimes. The install's
-    fingerprint no longer holds by stat and is computed again, but without hashing libtriton.so."""
+    fingerprint no longer holds by stat and is computed again, but without hashing libtriton.so. (A bundle
+    without a Triton identity record, which would vouch for the key by itself: tests/test_fingerprint_identity.py.)
+    """
     import triton
+    from helpers.bundles import with_identity
 
+    bundle = with_identity(bundle90, tmp_path / "plain.tar.zst", None)
     cache = tmp_path / "c"
-    kc("install", str(bundle90), "--cache-dir", str(cache), "--no-gpu-check", check=True)
+    kc("install", str(bundle), "--cache-dir", str(cache), "--no-gpu-check", check=True)
     restamp(Path(triton.__file__).parent)
-    counted = subprocess.run([sys.executable, "-c", COUNTED_INSTALL, str(bundle90), str(cache)],
+    counted = subprocess.run([sys.executable, "-c", COUNTED_INSTALL, str(bundle), str(cache)],
                              env=clean_env(), capture_output=True, text=True, timeout=300)
     assert counted.returncode == 0, counted.stderr[-3000:]
     assert json.loads(counted.stdout.strip().splitlines()[-1]) == {"computed": 0}
     # Control: the same install into a dir without a kept key computes it.
-    fresh = subprocess.run([sys.executable, "-c", COUNTED_INSTALL, str(bundle90), str(tmp_path / "fresh")],
+    fresh = subprocess.run([sys.executable, "-c", COUNTED_INSTALL, str(bundle), str(tmp_path / "fresh")],
                            env=clean_env(), capture_output=True, text=True, timeout=300)
     assert json.loads(fresh.stdout.strip().splitlines()[-1])["computed"] > 0, fresh.stderr[-3000:]
 

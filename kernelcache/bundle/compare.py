@@ -277,8 +277,9 @@ def merge_manifests(a: Manifest, b: Manifest) -> tuple[Manifest, list[str]]:
                   source_date_epoch=source_date_epoch() or max(a.build.source_date_epoch, b.build.source_date_epoch),
                   keep_ir=a.build.keep_ir or b.build.keep_ir, plan={"merged_from": _sources(a, b)},
                   skipped=tuple(_dedupe([*a.build.skipped, *b.build.skipped])))
+    identity = a.triton_identity if a.triton_identity == b.triton_identity else None  # else neither speaks for both
     merged = Manifest(target=a.target, environment=a.environment, build=build, kernels=kernels,
-                      modules=modules, flashinfer=flashinfer)
+                      modules=modules, flashinfer=flashinfer, triton_identity=identity)
     return merged, warnings
 
 

@@ -34,14 +34,9 @@ from typing import Any
 
 from ..errors import BundleManifestError
 from ..runtime.site.kernelcache_tritonkey import triton_files  # the served triton_key() seed checks these too
-from .fingerprint import OPTION_ENV_VARS
+from .fingerprint import key_candidates
 from .manifest import Environment, _build
 
-# The cache-invalidating variables of Triton 3.4-3.6 all start with one of these (a test checks the list
-# libtriton.so holds); OPTION_ENV_VARS are read into CUDAOptions.
-KEY_ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "NVPTX_", "DISABLE_", "ENABLE_", "USE_", "ALLOW_")
-# Where caches live, not what they hold: `kernelcache env` sets TRITON_CACHE_DIR, and neither is in a key.
-NOT_IN_KEYS = ("TRITON_CACHE_DIR", "TRITON_HOME")
 DISTRIBUTIONS = ("triton", "torch", "vllm", "flashinfer-python", "apache-tvm-ffi")
 
 Stat = tuple[int, int, int]  # size, mtime_ns, ctime_ns
@@ -101,7 +96,7 @@ def environment_key() -> EnvironmentKey:
     """This process's key: a few hundred ``stat`` calls, no import of Triton or torch."""
     _LISTINGS.clear()  # listings are shared by one key's lookups only: pip may have run since the last key
     env = dict(os.environ)
-    triton_dir = _package_dir("triton")
+    triton_dir = package_dir("triton")
     return EnvironmentKey(
         interpreter=f"{sys.executable} {sys.version} {importlib.machinery.EXTENSION_SUFFIXES[0]}",
         triton=_triton_files(triton_dir) if triton_dir else {},
@@ -111,13 +106,7 @@ def environment_key() -> EnvironmentKey:
     )
 
 
-def key_candidates(env: dict[str, str]) -> dict[str, str]:
-    """The variables of ``env`` that Triton could read into a cache key, with their values."""
-    return {k: v for k, v in sorted(env.items())
-            if (k.startswith(KEY_ENV_PREFIXES) or k in OPTION_ENV_VARS) and k not in NOT_IN_KEYS}
-
-
-def _package_dir(name: str) -> str | None:
+def package_dir(name: str) -> str | None:
     """Where ``import name`` would load the package from, found without importing it."""
     try:
         spec = importlib.util.find_spec(name)

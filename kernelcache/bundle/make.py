@@ -14,6 +14,7 @@ from ..exercise.listener import ExerciseLog
 from ..harvest import Entry, Harvest, harvest, to_manifest_entries
 from .archive import bundle_digest, source_date_epoch, write
 from .fingerprint import local_environment
+from .identity import identity_here
 from .manifest import (
     Build,
     Environment,
@@ -21,6 +22,7 @@ from .manifest import (
     FlashInferModule,
     Manifest,
     Target,
+    TritonIdentity,
     capability_to_arch,
     flag_capability,
 )
@@ -45,8 +47,10 @@ class PackResult:
 
 
 def make_bundle(output: str | os.PathLike, entries: list[Entry], target: Target, environment: Environment,
-                build: Build, flashinfer: tuple[tuple[FlashInferModule, list], ...] = ()) -> PackResult:
-    """Hash every member, write the manifest and the bundle. ``flashinfer``: (module, members) pairs."""
+                build: Build, flashinfer: tuple[tuple[FlashInferModule, list], ...] = (),
+                triton_identity: TritonIdentity | None = None) -> PackResult:
+    """Hash every member, write the manifest and the bundle. ``flashinfer``: (module, members) pairs;
+    ``triton_identity``: the Triton that compiled the entries, by content (bundle/identity.py)."""
     readers, records = {}, {}
     for entry in entries:
         records[entry.key] = [_record(m.path, m.read(), readers, m) for m in entry.members]
@@ -56,7 +60,7 @@ def make_bundle(output: str | os.PathLike, entries: list[Entry], target: Target,
         files = tuple(_record(m.path, m.read(), readers, m) for m in members)
         fi_modules.append(FlashInferModule(**{**module.__dict__, "files": files}))
     manifest = Manifest(target=target, environment=environment, build=build, kernels=tuple(kernels),
-                        modules=tuple(modules), flashinfer=tuple(fi_modules))
+                        modules=tuple(modules), flashinfer=tuple(fi_modules), triton_identity=triton_identity)
     path = write(output, manifest, readers.items())
     return PackResult(path, manifest, build.skipped)
 
@@ -80,7 +84,7 @@ def pack(cache_dir: str | os.PathLike, output: str | os.PathLike, keep_ir: bool 
     _check_triton_version(entries, Path(cache_dir), environment)
     build = Build(tool=f"kernelcache {__version__}", mode="pack", source_date_epoch=source_date_epoch(),
                   keep_ir=keep_ir, skipped=tuple(skipped))
-    return make_bundle(output, entries, target, environment, build)
+    return make_bundle(output, entries, target, environment, build, triton_identity=identity_here([target.arch]))
 
 
 def _metadata(entry: Entry, root: Path) -> dict:

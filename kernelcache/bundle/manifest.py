@@ -8,6 +8,7 @@ a compiled kernel (``Kernel``), a C helper module Triton builds with gcc (``Modu
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -126,6 +127,16 @@ class Build:
 
 
 @dataclass(frozen=True)
+class TritonIdentity:
+    """A bundle's record of the Triton it was built with, by content (the manifest's ``triton_identity``)."""
+
+    files: dict[str, str]  # every file triton_key() reads, relative to Triton's dir -> content identity
+    triton_key: str  # triton_key() itself: served processes take it instead of hashing libtriton.so
+    variables: tuple[str, ...] = ()  # the key candidates set in the build's exercise processes
+    ptxas: dict[str, str] = field(default_factory=dict)  # arch -> the ptxas Triton ran, relative to its dir
+
+
+@dataclass(frozen=True)
 class Manifest:
     target: Target
     environment: Environment
@@ -134,6 +145,7 @@ class Manifest:
     modules: tuple[Module, ...] = ()
     flashinfer: tuple[FlashInferModule, ...] = ()
     format_version: int = FORMAT_VERSION
+    triton_identity: TritonIdentity | None = None  # bundle/identity.py; left out of the JSON when None
 
     def files(self) -> Iterator[FileRecord]:
         for group in (self.kernels, self.modules, self.flashinfer):
@@ -148,7 +160,10 @@ class Manifest:
         return sum(f.size for f in self.files())
 
     def to_dict(self) -> dict:
-        return _plain(asdict(self))
+        data = _plain(asdict(self))
+        if self.triton_identity is None:  # bundles without one keep their bytes (and digests)
+            del data["triton_identity"]
+        return data
 
     def to_json(self) -> bytes:
         return (json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n").encode()
@@ -166,7 +181,7 @@ class Manifest:
         if unknown:
             raise BundleManifestError(f"manifest.json has unknown top-level field(s): {', '.join(sorted(unknown))}")
         try:
-            return Manifest(
+            return _consistent(Manifest(
                 format_version=version,
                 target=_build(Target, data["target"]),
                 environment=_build(Environment, data["environment"]),
@@ -176,7 +191,8 @@ class Manifest:
                 flashinfer=tuple(
                     _build(FlashInferModule, m, files=_records, archs=tuple) for m in data.get("flashinfer", ())
                 ),
-            )
+                triton_identity=identity_record(data.get("triton_identity")),
+            ))
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleManifestError(f"manifest.json is malformed: {type(exc).__name__}: {exc}") from None
 
@@ -221,6 +237,27 @@ def json_value(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_value(v) for v in value]
     return str(value)
+
+
+def _consistent(manifest: Manifest) -> Manifest:
+    """The identity record's ``triton_key`` must be the one the environment's ``triton_key_sha256`` names: the
+    manifest has no checksum of its own, and a record that disagrees with its bundle is not one to trust."""
+    record = manifest.triton_identity
+    if record is not None and hashlib.sha256(record.triton_key.encode()).hexdigest() != (
+            manifest.environment.triton_key_sha256):
+        raise ValueError("triton_identity.triton_key does not hash to environment.triton_key_sha256")
+    return manifest
+
+
+def identity_record(data: Any) -> TritonIdentity | None:
+    """A ``triton_identity`` from its JSON form (None stays None); ``ValueError``/``TypeError`` if malformed."""
+    if data is None:
+        return None
+    record = _build(TritonIdentity, data, files=dict, variables=tuple, ptxas=dict)
+    values = (*record.files.values(), *record.ptxas.values(), *record.variables, record.triton_key)
+    if not all(isinstance(v, str) for v in values):
+        raise ValueError("triton_identity holds a value that is not a string")
+    return record
 
 
 def _records(items: Any) -> tuple[FileRecord, ...]:

@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..bundle.envkey import EnvironmentKey, KnownEnvironment
+from ..bundle.envkey import EnvironmentKey, KnownEnvironment, package_dir
 from ..runtime.site import kernelcache_tritonkey
 from .publish import atomic_write
 from .state import CacheDir
@@ -59,20 +59,23 @@ def _prune(folder: Path) -> None:
         stale.unlink(missing_ok=True)
 
 
-def save_triton_key(cache: CacheDir, key: EnvironmentKey) -> None:
-    """Keep this process's ``triton_key()`` for served processes, if it was computed here under ``key``.
+def save_triton_key(cache: CacheDir, key: EnvironmentKey, known: str | None = None) -> None:
+    """Keep ``triton_key()`` for served processes: ``known``, the value a bundle's identity record gave for
+    this Triton (bundle/identity.py), or else the one this process computed under ``key``.
 
-    Only after a fingerprint was computed (Triton imported, its key cached in-process) and only for the
-    Triton directory ``key`` stat-ed; the files' stats come from ``key``, taken before the computation."""
+    Only after a fingerprint was taken (Triton imported and its key cached in-process, or its files matched
+    the record) and only for the Triton directory ``key`` stat-ed; the files' stats come from ``key``, taken
+    before."""
     module = sys.modules.get("triton.runtime.cache")
-    if module is None or not key.triton or not cache.state.is_dir():
+    if not key.triton or not cache.state.is_dir() or (module is None and known is None):
         return
-    root = kernelcache_tritonkey.triton_root(module)
+    root = kernelcache_tritonkey.triton_root(module) if known is None else package_dir("triton")
     files = {rel: list(stat) for rel, stat in key.triton.items()}
-    if files != kernelcache_tritonkey.triton_files(root):
+    if root is None or files != kernelcache_tritonkey.triton_files(root):
         return  # another Triton than the key's, or one that changed since
     with contextlib.suppress(OSError):
-        kernelcache_tritonkey.save_key(os.fspath(cache.triton_keys), root, module.triton_key(), files)
+        value = known if known is not None else module.triton_key()
+        kernelcache_tritonkey.save_key(os.fspath(cache.triton_keys), root, value, files)
 
 
 def seed_triton_key(cache: CacheDir) -> None:

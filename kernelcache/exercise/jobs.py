@@ -46,6 +46,7 @@ class WorkerResult:
     launchers_initialised: int = 0
     seconds: float = 0.0
     environment: Environment | None = None  # the fingerprint it compiled under (None: Triton unusable)
+    triton_identity: dict | None = None  # its Triton by content (bundle/identity.py), None if it has none
 
     @classmethod
     def read(cls, path: Path) -> WorkerResult:
@@ -54,7 +55,8 @@ class WorkerResult:
                                   t.get("summary")) for t in data.get("tasks", ()))
         env = data.get("environment")
         return cls(bool(data.get("ok")), tasks, int(data.get("launchers_initialised") or 0),
-                   float(data.get("seconds") or 0.0), Environment(**env) if env else None)
+                   float(data.get("seconds") or 0.0), Environment(**env) if env else None,
+                   data.get("triton_identity"))
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,8 @@ def main(path: str) -> int:
 
 def _finish(path: str, results: list, launchers: int, started: float, failed: bool, capability: int = 0) -> int:
     outcome = {"ok": not failed, "tasks": results, "launchers_initialised": launchers,
-               "seconds": time.perf_counter() - started, "environment": _environment(capability)}
+               "seconds": time.perf_counter() - started, "environment": _environment(capability),
+               "triton_identity": _identity(capability)}
     with open(path + ".result", "w", encoding="utf-8") as handle:
         json.dump(outcome, handle, indent=1, default=str)
     return 0 if not failed else 1
@@ -113,6 +114,16 @@ def _environment(capability: int) -> dict | None:
         return asdict(local_environment([f"sm_{capability}"]))
     except Exception:  # noqa: BLE001 -- reported as missing; the parent refuses to bundle then
         return None
+
+
+def _identity(capability: int) -> dict | None:
+    """This process's Triton by content (bundle/identity.py), for installs to fingerprint without Triton."""
+    from dataclasses import asdict
+
+    from ..bundle.identity import identity_here
+
+    found = identity_here([f"sm_{capability}"])
+    return asdict(found) if found else None
 
 
 def _run_task(task: Task) -> dict:

@@ -30,13 +30,23 @@ def pack_without(cache: Path, log: Path, out: Path, names: set[str], work: Path)
 
 
 def rewrite(bundle: Path, out: Path, target: dict | None = None, **environment) -> Path:
-    """The same members under a manifest whose target or environment says something else."""
+    """The same members under a manifest whose target or environment says something else (another
+    ``triton_key_sha256``: another Triton, whose identity record this bundle cannot have, so none)."""
     manifest = archive.read_manifest(bundle)
     manifest = dataclasses.replace(
         manifest,
         target=dataclasses.replace(manifest.target, **(target or {})),
         environment=dataclasses.replace(manifest.environment, **environment),
+        triton_identity=None if "triton_key_sha256" in environment else manifest.triton_identity,
     )
+    data = {name: blob for _, name, blob in archive.iter_members(bundle)}
+    archive.write(out, manifest, [(name, lambda blob=blob: blob) for name, blob in data.items()])
+    return out
+
+
+def with_identity(bundle: Path, out: Path, identity) -> Path:
+    """The same bundle with another ``triton_identity`` record (None: without one, as scripts/strip_identity.py)."""
+    manifest = dataclasses.replace(archive.read_manifest(bundle), triton_identity=identity)
     data = {name: blob for _, name, blob in archive.iter_members(bundle)}
     archive.write(out, manifest, [(name, lambda blob=blob: blob) for name, blob in data.items()])
     return out
