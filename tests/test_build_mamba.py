@@ -3,7 +3,7 @@ candidates included.
 
 Nemotron-H-8B's Mamba-2 layer (nvidia/Nemotron-H-8B-Base-8K config.json: hidden 4096, 128 heads of 64, state 128,
 8 groups, conv kernel 4, chunk 128; bf16, SSM state float32 as vLLM's NemotronH config class resolves ``auto``) on
-an H200, up to 8 sequences and 512 batched tokens, through the build's Python API with the task as an extra task.
+an H200, up to 8 sequences and 512 batched tokens, built as ``build --model-config <its config.json> --path mamba``.
 The bundle must hold every candidate config of every autotuned SSD kernel and every key an independent probe asks
 for (tests/probes/mamba_keys.py: its own platform, layer construction and seeded random batches, against the
 installed bundle: every compile a disk hit), and the probe must see misses for a config the build did not run.
@@ -22,7 +22,6 @@ import pytest
 from helpers.common import ROOT, clean_env, kc
 
 from kernelcache.bundle import archive
-from kernelcache.plan.tasks import Task
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -31,6 +30,11 @@ ARCH, GPU, SMS, PRODUCT = "sm_90", "h200", 132, "NVIDIA H200"
 NEMOTRON_H_8B = {"hidden_size": 4096, "mamba_num_heads": 128, "mamba_head_dim": 64, "ssm_state_size": 128,
                  "n_groups": 8, "conv_kernel": 4, "chunk_size": 128, "dtype": "bfloat16",
                  "mamba_ssm_cache_dtype": "float32"}
+# nvidia/Nemotron-H-8B-Base-8K's config.json, the fields that decide its kernels.
+CONFIG = {"architectures": ["NemotronHForCausalLM"], "vocab_size": 131072, "hidden_size": 4096,
+          "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "mamba_num_heads": 128,
+          "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4, "chunk_size": 128,
+          "torch_dtype": "bfloat16"}
 MAX_SEQS, MAX_TOKENS = 8, 512
 AUTOTUNED = {"_chunk_cumsum_fwd_kernel", "_chunk_state_fwd_kernel", "_state_passing_fwd_kernel",
              "_bmm_chunk_fwd_kernel", "_chunk_scan_fwd_kernel"}
@@ -39,17 +43,19 @@ PLAIN = {"_causal_conv1d_fwd_kernel", "_causal_conv1d_update_kernel", "_selectiv
 
 @pytest.fixture(scope="module")
 def mamba_build(tmp_path_factory) -> tuple[Path, dict]:
-    """The bundle and the task's summary (``paths=["registry"]`` with bf16 logits gives the sampler nothing to
-    run, so the Mamba task is the build's only work)."""
+    """The bundle and the task's summary, built as users build it: ``--model-config`` with a Nemotron-H
+    config.json (the plan maps its fields to the task's, plan/model.py) and ``--path mamba`` only."""
     from kernelcache.build import build
 
     out = tmp_path_factory.mktemp("mamba")
-    task = Task("kernelcache.exercise.vllm_mamba:mamba",
-                {**NEMOTRON_H_8B, "max_num_seqs": MAX_SEQS, "max_num_batched_tokens": MAX_TOKENS}, label="mamba")
-    result = build(ARCH, gpus=[GPU], paths=["registry"], dtypes=["bfloat16"], mode="cross", extra_tasks=(task,),
-                   output_dir=out / "bundles", workdir=out / "work")
+    config = out / "Nemotron-H-8B" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(CONFIG))
+    result = build(ARCH, gpus=[GPU], model_config=str(config), paths=["mamba"], max_num_seqs=MAX_SEQS,
+                   max_num_batched_tokens=MAX_TOKENS, mode="cross", output_dir=out / "bundles",
+                   workdir=out / "work")
     (bundle,) = result.bundles
-    (job,) = (out / "work").glob("*/jobs/extra/job.json.result")
+    (job,) = (out / "work").glob("*/jobs/model/job.json.result")
     (summary,) = [t["summary"] for t in json.loads(job.read_text())["tasks"] if t["label"] == "mamba"]
     return Path(bundle.path), summary
 
