@@ -292,3 +292,43 @@ def test_model_bundle_installs_in_another_serving_venv_and_verify_sees_no_compil
     ok(server.kernelcache("install", str(model_bundle), "--cache-dir", str(cache)))
     verified = ok(server.kernelcache("verify", str(model_bundle), "--cache-dir", str(cache), timeout=3000))
     assert re.search(r"\b[1-9]\d* hits, 0 compiles,", verified.stdout), verified.stdout
+
+
+# A hybrid model (Nemotron-H-8B's fields) served with Triton attention and one EAGLE draft: the mamba,
+# attention and mrv2_spec_decode families on the serving stack's Triton 3.8.
+NEMOTRON_H_8B = {"architectures": ["NemotronHForCausalLM"], "vocab_size": 131072, "hidden_size": 4096,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "mamba_num_heads": 128,
+                 "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4, "chunk_size": 128,
+                 "torch_dtype": "bfloat16"}
+HYBRID_PATHS = ("mamba", "attention", "mrv2_spec_decode")
+
+
+@pytest.fixture(scope="module")
+def hybrid_bundle(builder, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("hybrid")
+    config = root / "Nemotron-H-8B" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(NEMOTRON_H_8B))
+    paths = [arg for path in HYBRID_PATHS for arg in ("--path", path)]
+    done = ok(builder.kernelcache("build", "--arch", ARCH, "--gpu", GPU, "--model-config", str(config), *paths,
+                                  "--attention-backend", "TRITON_ATTN", "--num-speculative-tokens", "1",
+                                  "--dtype", "bfloat16", *MODEL_FLAGS, "--mode", "cross", "-o", str(root / "out"),
+                                  "--json", timeout=3000))
+    return Path(json.loads(done.stdout)[0]["bundles"][0]["path"])
+
+
+def test_a_hybrid_model_builds_mamba_attention_and_mrv2_spec_decode_on_the_serving_stack(hybrid_bundle):
+    manifest = json.loads(kc("inspect", str(hybrid_bundle), "--json", check=True).stdout)
+    assert manifest["environment"]["triton"] == "3.8.0"
+    coverage = manifest["build"]["coverage"]
+    built = {path for c in coverage.values() for path in c["by_path"]}
+    assert built == set(HYBRID_PATHS), built
+    assert {"_chunk_scan_fwd_kernel", "kernel_unified_attention", "_rejection_kernel"} <= set(coverage)
+
+
+def test_hybrid_bundle_installs_in_another_serving_venv_and_verify_sees_no_compile(hybrid_bundle, server,
+                                                                                    tmp_path):
+    cache = tmp_path / "cache"
+    ok(server.kernelcache("install", str(hybrid_bundle), "--cache-dir", str(cache)))
+    verified = ok(server.kernelcache("verify", str(hybrid_bundle), "--cache-dir", str(cache), timeout=3000))
+    assert re.search(r"\b[1-9]\d* hits, 0 compiles,", verified.stdout), verified.stdout
