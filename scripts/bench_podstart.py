@@ -193,7 +193,7 @@ def machine(python: str) -> str:
     return f"{model}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {versions}"
 
 
-def source(pair: str, python: str, bundle: Path, work: Path) -> Source:
+def make_source(pair: str, python: str, bundle: Path, work: Path) -> Source:
     """``LABEL=DIR`` or ``LABEL=DIR@BUNDLE`` (that tree's own copy of the bundle)."""
     label, _, rest = pair.partition("=")
     root, _, own = rest.partition("@")
@@ -212,7 +212,7 @@ def main() -> int:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kc-podstart-"))
     pairs = args.source or [f"after={Path(__file__).resolve().parents[1]}"]
-    sources = [source(pair, args.python, args.bundle, work) for pair in pairs]
+    sources = [make_source(pair, args.python, args.bundle, work) for pair in pairs]
     print(f"before: {machine(args.python)}", flush=True)
     for source in sources:
         source.prepare()

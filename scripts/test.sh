@@ -19,8 +19,9 @@ stamp() { echo "test.sh: $1 at +$(( $(date +%s) - started ))s"; }
 serving=0
 [[ " $STACKS " == *" serving "* ]] && serving=1
 
-# pytest exit 5 (nothing collected: extra args selected no test of this run) is not a failure.
-pytest_run() { local rc=0; .venv-lab/bin/python -m pytest -q "$@" || rc=$?; [ "$rc" = 5 ] || return "$rc"; }
+# pytest exit 5 (nothing collected: extra args selected no test of this run) is not a failure; the 15 slowest
+# tests are listed at the end of each run (what to trim when CI grows).
+pytest_run() { local rc=0; .venv-lab/bin/python -m pytest -q --durations=15 "$@" || rc=$?; [ "$rc" = 5 ] || return "$rc"; }
 
 if [ "$serving" = 1 ]; then
   mkdir -p build

@@ -68,7 +68,8 @@ class Receipt:
                 "manifest": self.manifest.to_dict()}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1)
+        # One line: json's C encoder (indent= runs the pure-Python one, ~0.2 s for a 400-kernel manifest).
+        return json.dumps(self.to_dict())
 
     @classmethod
     def from_dict(cls, data: Any) -> Receipt:
