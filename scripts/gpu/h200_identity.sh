@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One device call on the H200: a CPU-built bundle's Triton identity record (docs/FORMAT.md, triton_identity)
+# against the GPU host's own Triton.
+#   usage: bash scripts/gpu/h200_identity.sh .carry/identity/<bundle>.tar.zst
+# 1. In one process: the fingerprint taken from the record (kernelcache/bundle/identity.py, before Triton is
+#    imported) and Triton's own (fingerprint.local_environment): equal, field by field?
+# 2. A cold `kernelcache install` into a fresh dir, 5 runs each, with the record and with the same bundle
+#    without it (scripts/strip_identity.py): wall time, and whether the install imported Triton
+#    (python -X importtime).
+# Results: $OUT/identity.json, $OUT/installs.txt, $OUT/importtime-{record,plain}.txt.
+set -uo pipefail
+bundle=${1:?usage: h200_identity.sh BUNDLE.tar.zst}
+source scripts/gpu/harness.sh /tmp/kcid
+python3 scripts/strip_identity.py "$bundle" "$T/plain.tar.zst"
+python3 - "$bundle" > "$OUT/identity.json" 2> "$OUT/identity.err" <<'PY'
+import json, sys, time
+from dataclasses import asdict
+from kernelcache.bundle import archive
+from kernelcache.bundle.envkey import package_dir
+from kernelcache.bundle.fingerprint import local_environment, package_version
+from kernelcache.bundle.identity import environment_from
+manifest = archive.read_manifest(sys.argv[1])
+started = time.perf_counter()
+fast = environment_from(manifest.triton_identity, manifest.environment, ["sm_90"], package_dir("triton"),
+                        package_version)
+fast_s = time.perf_counter() - started
+imported = "triton" in sys.modules
+started = time.perf_counter()
+own = asdict(local_environment(["sm_90"]))
+own_s = time.perf_counter() - started
+fast = asdict(fast) if fast else None
+print(json.dumps({"record_used": fast is not None, "equal": fast == own, "imported_before": imported,
+                  "record_s": round(fast_s, 4), "triton_s": round(own_s, 4),
+                  "differs": sorted(k for k in own if fast and fast[k] != own[k]),
+                  "bundle_env_equal": own == asdict(manifest.environment), "own": own}, indent=1))
+PY
+for kind in record plain; do
+  b=$bundle; [ "$kind" = plain ] && b=$T/plain.tar.zst
+  for i in 1 2 3 4 5; do
+    s=$(date +%s%N); python3 -m kernelcache install "$b" --cache-dir "$T/$kind$i" > "$OUT/install-$kind$i.txt" 2>&1
+    rc=$?; e=$(date +%s%N); echo "$kind run $i rc=$rc $(( (e - s) / 1000000 )) ms" | tee -a "$OUT/installs.txt"
+  done
+  python3 -X importtime -m kernelcache install "$b" --cache-dir "$T/imp-$kind" > /dev/null 2> "$OUT/importtime-$kind.txt"
+  echo "$kind: triton modules imported by a cold install: $(grep -c '| *triton' "$OUT/importtime-$kind.txt")" | tee -a "$OUT/installs.txt"
+done
+cat "$OUT/env.txt"; head -c 1500 "$OUT/identity.json"; tail -5 "$OUT/identity.err"
