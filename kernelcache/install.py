@@ -37,15 +37,16 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .bundle import archive
-from .bundle.envkey import KnownEnvironment, environment_key, package_dir
+from .bundle.envkey import EnvironmentKey, KnownEnvironment, environment_key, package_dir
 from .bundle.fingerprint import Difference, compare, compare_gpu, local_environment, package_version
 from .bundle.identity import environment_from
 from .bundle.manifest import Environment, Kernel, Manifest
 from .cachedir import CacheDir, Journal, Receipt, atomic_write, publish_entries, recover, resolve_cache_dir
+from .cachedir.checked import bundle_identity, find_checked, remember_checked
 from .cachedir.fingerprints import load_fingerprint, save_fingerprint, save_triton_key, seed_triton_key
 from .cachedir.flashinfer_site import write_site
 from .errors import (
@@ -56,7 +57,7 @@ from .errors import (
     StorageError,
 )
 from .harvest import KEY_PATTERN
-from .plan.gpus import GpuProbe
+from .plan.gpus import GpuProbe, gpu_witness
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,9 @@ class InstallPlan:
     limits: archive.Limits = field(default_factory=archive.Limits.from_env)
     fingerprint: KnownEnvironment | None = None  # computed for this plan: kept once the bundle is accepted
     triton_key: str | None = None  # triton_key() here, known from the bundle's identity record
+    checked_under: str | None = None  # the EnvironmentKey digest the fingerprint was taken or found under
+    gpu: str | None = None  # the GPU witness taken before the probe ran (None: no GPU check)
+    identity: list[int] | None = None  # the bundle file's, taken before its manifest was read
 
     @property
     def blocking(self) -> tuple[Difference, ...]:
@@ -111,7 +115,7 @@ class InstallPlan:
         warnings = tuple(self.check())
         started = time.perf_counter()
         cache = CacheDir(self.cache_dir)
-        if self.already_installed:
+        if self.already_installed and not cache.pending_journals():  # else: under the lock, rolled forward first
             self._keep_fingerprint(cache)
             return InstallResult(self.cache_dir, self.digest, "already-installed", seconds=0.0, warnings=warnings)
         cache.ensure_state()
@@ -136,17 +140,29 @@ class InstallPlan:
             save_fingerprint(cache, self.fingerprint)
             save_triton_key(cache, self.fingerprint.key, self.triton_key)
 
+    def remember(self) -> None:
+        """After an install or no-op that found no difference at all: keep what it was checked against, so the
+        next no-op install of this file answers without reading it (cachedir/checked.py)."""
+        if self.differences or self.checked_under is None or self.identity is None:
+            return
+        files = [f.path for f in self.manifest.files()]
+        remember_checked(CacheDir(self.cache_dir), self.bundle, self.identity, self.digest, files,
+                         self.checked_under, self.gpu)
+
 
 def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,
                  check_gpu: bool = True, limits: archive.Limits | None = None) -> InstallPlan:
     path = Path(bundle)
     lim = limits or archive.Limits.from_env()
+    identity = bundle_identity(path)
+    witness = gpu_witness() if check_gpu and not os.environ.get("KERNELCACHE_NO_GPU_PROBE") else None
     probe = GpuProbe.start() if check_gpu else None  # its child starts while the manifest is read
     try:
         manifest, member = archive.read_manifest_member(path, lim)
         root = resolve_cache_dir(cache_dir)
         digest = archive.bundle_digest(manifest, member, known=lambda d: CacheDir(root).receipt_path(d).is_file())
-        return plan_install_manifest(path, manifest, root, force, check_gpu, lim, probe, digest)
+        plan = plan_install_manifest(path, manifest, root, force, check_gpu, lim, probe, digest)
+        return replace(plan, gpu=witness, identity=identity)
     finally:
         if probe is not None:
             probe.close()
@@ -170,7 +186,7 @@ def plan_install_manifest(path: Path, manifest: Manifest, cache_dir: Path, force
     if check_gpu:
         differences += compare_gpu(manifest.target, (probe or GpuProbe.start()).result())
     return InstallPlan(path, manifest, digest or archive.bundle_digest(manifest), cache_dir, tuple(differences),
-                       force, lim, here.record, here.triton_key)
+                       force, lim, here.record, here.triton_key, here.key.digest if here.key else None)
 
 
 @dataclass(frozen=True)
@@ -181,6 +197,7 @@ class Fingerprinted:
     environment: Environment | None
     record: KnownEnvironment | None = None
     triton_key: str | None = None
+    key: EnvironmentKey | None = None  # what it was taken or found under; None when that changed meanwhile
 
 
 def environment_here(archs: Iterable[str], cache: CacheDir, manifest: Manifest | None = None) -> Fingerprinted:
@@ -196,17 +213,20 @@ def environment_here(archs: Iterable[str], cache: CacheDir, manifest: Manifest |
     key = environment_key()
     known = load_fingerprint(cache, key)
     if known is not None and known.covers(key, wanted):
-        return Fingerprinted(known.environment)
+        return Fingerprinted(known.environment, key=key)
     identity = manifest.triton_identity if manifest is not None else None
     if identity is not None and key.triton:
         found = environment_from(identity, manifest.environment, sorted(wanted), package_dir("triton"),
                                  package_version)
         if found is not None:
-            return Fingerprinted(found, KnownEnvironment(key, found) if environment_key() == key else None,
-                                 identity.triton_key)
+            stable = environment_key() == key
+            return Fingerprinted(found, KnownEnvironment(key, found) if stable else None, identity.triton_key,
+                                 key if stable else None)
     seed_triton_key(cache)  # an earlier install's, if Triton's files still hold it: no libtriton hash
     environment = local_environment(sorted(wanted | set(known.environment.ptxas if known else ())))
-    return Fingerprinted(environment, KnownEnvironment(key, environment) if environment_key() == key else None)
+    stable = environment_key() == key
+    return Fingerprinted(environment, KnownEnvironment(key, environment) if stable else None, None,
+                         key if stable else None)
 
 
 def install_if_present(digest: str, cache_dir: str | os.PathLike | None = None, force: bool = False,
@@ -237,7 +257,7 @@ def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = Non
     ``arch`` / ``gpu`` pick the bundle from an OCI index and refuse a bundle built for anything else.
     An ``oci://`` bundle already installed is found from two registry manifest reads, with no download.
     """
-    from .remote import check_target, check_wanted, local_bundle
+    from .remote import check_target, check_wanted, is_remote, local_bundle
 
     source: str | os.PathLike = bundle
     if str(bundle).startswith("oci://"):
@@ -249,8 +269,16 @@ def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = Non
                                     accept=lambda manifest: check_target(manifest.target, arch, gpu, str(bundle)))
         if result is not None:
             return result
+    if arch is None and gpu is None and limits is None:
+        found = find_checked(bundle, cache_dir, check_gpu)
+        if found is not None:
+            return InstallResult(found[0], found[1], "already-installed")
     with local_bundle(source, arch=arch, gpu=gpu) as path:
-        return plan_install(path, cache_dir, force, check_gpu, limits).execute()
+        plan = plan_install(path, cache_dir, force, check_gpu, limits)
+        result = plan.execute()
+        if not is_remote(source):
+            plan.remember()
+        return result
 
 
 # -- checks on what a bundle declares --------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -91,6 +92,9 @@ def test_a_record_is_used_exactly_while_its_key_holds(bundle90, tmp_path):
     known = KnownEnvironment.from_json(record.read_text())
     lying = KnownEnvironment(known.key, dataclasses.replace(known.environment, triton_key_sha256="0" * 64))
     record.write_text(lying.to_json())
+    # The record of the accepted install (cachedir/checked.py, tests/test_noop_install.py) would answer first:
+    # this test is about the fingerprint record beneath it.
+    shutil.rmtree(cache / ".kernelcache" / "checked")
     done = kc("install", str(bundle90), "--cache-dir", str(cache), "--no-gpu-check")
     assert done.returncode == FingerprintMismatch.exit_code  # the record's word was taken: same key
     assert "triton_key_sha256" in done.stderr

@@ -188,9 +188,7 @@ class Manifest:
                 build=_build(Build, data["build"], skipped=tuple),
                 kernels=tuple(_build(Kernel, k, files=_records) for k in data.get("kernels", ())),
                 modules=tuple(_build(Module, m, files=_records) for m in data.get("modules", ())),
-                flashinfer=tuple(
-                    _build(FlashInferModule, m, files=_records, archs=tuple) for m in data.get("flashinfer", ())
-                ),
+                flashinfer=tuple(flashinfer_module(m) for m in data.get("flashinfer", ())),
                 triton_identity=identity_record(data.get("triton_identity")),
             ))
         except (KeyError, TypeError, ValueError) as exc:
@@ -262,6 +260,11 @@ def identity_record(data: Any) -> TritonIdentity | None:
 
 def _records(items: Any) -> tuple[FileRecord, ...]:
     return tuple(_build(FileRecord, f) for f in items)
+
+
+def flashinfer_module(data: Any) -> FlashInferModule:
+    """One entry of a manifest's ``flashinfer`` list (``TypeError`` / ``ValueError`` when it is not one)."""
+    return _build(FlashInferModule, data, files=_records, archs=tuple)
 
 
 def _build(cls: type, data: Any, **converters: Any) -> Any:

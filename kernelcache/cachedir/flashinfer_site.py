@@ -18,6 +18,7 @@ manifest it was installed from. runtime/flashinfer.py puts the dirs on PYTHONPAT
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -25,11 +26,13 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..bundle.fingerprint import package_version
-from ..bundle.manifest import FLASHINFER_ROOT, FlashInferModule
 from ..errors import BundleManifestError, IntegrityError, StorageError
 from .state import STATE_DIR, CacheDir
+
+if TYPE_CHECKING:  # `kernelcache env` imports this module on every pod start; the manifest only where read
+    from ..bundle.manifest import FlashInferModule
 
 PROVIDER_GROUP = "flashinfer.jit_cache.providers"
 SITE_DIR = "flashinfer"  # under <cache>/.kernelcache/
@@ -57,16 +60,29 @@ class Provider:
 
 
 def installed_modules(cache_dir: Path) -> list[FlashInferModule]:
-    """Every FlashInfer module the install receipts of ``cache_dir`` list, each once."""
+    """Every FlashInfer module the install receipts of ``cache_dir`` list, each once.
+
+    Read from the receipts' raw JSON (their kernels are never built into records); a receipt that cannot be read
+    that way is read the full way, which leaves out bad receipts as every reader of them does."""
+    from ..bundle.manifest import flashinfer_module
+
+    cache = CacheDir(Path(cache_dir))
+    entries, modules = cache.flashinfer_entries(), None
+    if entries is not None:
+        with contextlib.suppress(TypeError, ValueError, BundleManifestError):
+            modules = [flashinfer_module(m) for m in entries]
+    if modules is None:
+        modules = [m for receipt in cache.receipts() for m in receipt.manifest.flashinfer]
     found: dict[tuple, FlashInferModule] = {}
-    for receipt in CacheDir(Path(cache_dir)).receipts():
-        for module in receipt.manifest.flashinfer:
-            found.setdefault(tuple(f.path for f in module.files), module)
+    for module in modules:
+        found.setdefault(tuple(f.path for f in module.files), module)
     return [found[key] for key in sorted(found)]
 
 
-def providers(cache_dir: Path, version: str) -> tuple[list[Provider], list[FlashInferModule]]:
-    """(providers for the modules built for FlashInfer ``version``, modules of other versions).
+def providers(cache_dir: Path, version: str, modules: list[FlashInferModule] | None = None
+              ) -> tuple[list[Provider], list[FlashInferModule]]:
+    """(providers for the modules built for FlashInfer ``version``, modules of other versions); ``modules``:
+    ``installed_modules(cache_dir)`` when the caller has it already.
 
     Raises ``IntegrityError`` when an installed module file is missing or is not the file its
     manifest hashed: FlashInfer would load whatever sits at that path.
@@ -74,7 +90,7 @@ def providers(cache_dir: Path, version: str) -> tuple[list[Provider], list[Flash
     root = Path(cache_dir)
     usable: dict[Path, list[FlashInferModule]] = {}
     other = []
-    for module in installed_modules(root):
+    for module in installed_modules(root) if modules is None else modules:
         if module.version != version:
             other.append(module)
             continue
@@ -90,6 +106,8 @@ def providers(cache_dir: Path, version: str) -> tuple[list[Provider], list[Flash
 
 def _checked_dirs(root: Path, module: FlashInferModule) -> list[Path]:
     """The provider dirs of a module's files, after checking layout, presence and sha256."""
+    from ..bundle.manifest import FLASHINFER_ROOT
+
     dirs = []
     for record in module.files:
         parts = record.path.split("/")
@@ -163,6 +181,8 @@ def ensure_site(cache_dir: Path, found: list[Provider]) -> Path:
 
 def write_site(cache_dir: Path) -> Path | None:
     """At install time: the site dir for what the cache now holds, if this FlashInfer can use any of it."""
+    from ..bundle.fingerprint import package_version
+
     version = package_version("flashinfer-python")
     if version is None:
         return None

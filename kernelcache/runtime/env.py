@@ -17,15 +17,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..cachedir import CacheDir, recover, resolve_cache_dir
 from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
 from . import flashinfer
 from .site import kernelcache_tritonkey
-
-if TYPE_CHECKING:  # imported when a bundle is given: `env` and `run` without one never load the installer
-    from ..install import InstallResult
 
 
 def environment(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
@@ -101,18 +97,25 @@ def shell_exports(variables: dict[str, str]) -> str:
 
 
 def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | None, force: bool = False
-            ) -> tuple[InstallResult | None, dict[str, str]]:
-    """Install ``bundle`` if given (a no-op when already there), finish interrupted installs."""
-    result = None
-    if bundle is not None:
+            ) -> tuple[Path, dict[str, str]]:
+    """Install ``bundle`` if given (a no-op when already there), finish interrupted installs; the cache dir and
+    its variables."""
+    root = resolve_cache_dir(cache_dir)
+    if bundle is not None and _not_checked(bundle, cache_dir):
         from ..install import install
 
-        result = install(bundle, cache_dir, force=force)
-    root = result.cache_dir if result else resolve_cache_dir(cache_dir)
+        root = install(bundle, cache_dir, force=force).cache_dir
     check_read_only(root)
     if root.is_dir() and os.access(root, os.W_OK):
         recover(root)
-    return result, environment(root)
+    return root, environment(root)
+
+
+def _not_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None) -> bool:
+    """Whether ``bundle`` needs the installer: not accepted here before under what holds now (cachedir/checked.py)."""
+    from ..cachedir.checked import find_checked
+
+    return find_checked(bundle, cache_dir) is None
 
 
 def check_read_only(root: Path) -> None:

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..bundle.fingerprint import package_version
+from ..bundle.envkey import distribution_version
 from ..cachedir import STATE_DIR
 from ..cachedir.flashinfer_site import SHIM_PACKAGE, SITE_DIR, ensure_site, installed_modules, providers
 from ..errors import FingerprintMismatch
@@ -41,12 +41,13 @@ def environment(cache_dir: Path, base: dict[str, str] | None = None) -> dict[str
     """
     base = dict(os.environ if base is None else base)
     root = Path(cache_dir)
-    if not installed_modules(root):
+    modules = installed_modules(root)
+    if not modules:
         return {}
-    version = package_version("flashinfer-python")
+    version = distribution_version("flashinfer-python")
     if version is None:
         return {}
-    found, other = providers(root, version)
+    found, other = providers(root, version, modules)
     if not found:
         built = ", ".join(sorted({m.version for m in other}))
         raise FingerprintMismatch(

@@ -1,0 +1,117 @@
+"""Installs checked here before: a no-op ``install`` of the same bundle file, answered from one small record.
+
+A no-op install otherwise reads the bundle's manifest (zstd, then a few hundred dataclasses), asks the GPUs
+(a child process that initialises CUDA) and compares fingerprints: 150-300 ms on every pod start. An install
+that accepted a bundle with no difference at all keeps ``<cache>/.kernelcache/checked/<hash of the bundle's
+real path>.json`` with what that decision rested on:
+
+* the bundle file's identity: device, inode, size, mtime_ns and ctime_ns (a rewrite, a copy or a rename
+  over it changes at least the ctime, which cannot be set back);
+* the bundle's digest, and every file it installed;
+* the digest of the ``EnvironmentKey`` the fingerprint was checked under (bundle/envkey.py: the interpreter,
+  Triton's files, ptxas, the key variables, the packages' metadata, all by stat);
+* the GPU witness it was checked with (plan/gpus.py ``gpu_witness``), or none when no GPU check ran;
+* kernelcache's version and this record's format.
+
+``find_checked`` answers the digest only when every one of these holds now, the receipt is there, every
+installed file is there and no install is half-published; anything else answers None and the caller takes
+the full path, which checks everything again. The record is never the only guard of a refusal: it exists
+only for a bundle that was accepted, under exactly the state that is compared. Standard library and the
+environment key only, so the CLI answers a no-op install before it imports the installer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from .. import __version__
+from ..bundle.envkey import environment_key
+from ..errors import KernelcacheError
+from ..plan.gpus import gpu_witness
+from .publish import atomic_write
+from .state import CacheDir, resolve_cache_dir
+
+FORMAT = 1
+KEEP = 16
+
+
+def bundle_identity(path: str | os.PathLike) -> list[int] | None:
+    """(device, inode, size, mtime_ns, ctime_ns) of a regular file; None for anything else."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not os.path.isfile(path):
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _record_path(cache: CacheDir, bundle: str) -> Path:
+    name = hashlib.sha256(os.path.realpath(bundle).encode()).hexdigest()[:32]
+    return cache.state / "checked" / f"{name}.json"
+
+
+def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[int], digest: str,
+                     files: list[str], environment_key_digest: str, gpu: str | None) -> None:
+    """Keep what an accepted install was checked against (``identity``: the bundle file's, taken before it was
+    read). A cache dir that cannot take it only loses the speed-up."""
+    if not cache.state.is_dir() or bundle_identity(bundle) != identity:
+        return  # the file changed while it was installed: nothing to vouch for
+    record = {"format": FORMAT, "kernelcache": __version__, "bundle": os.path.realpath(bundle),
+              "identity": identity, "digest": digest, "environment_key": environment_key_digest, "gpu": gpu,
+              "files": sorted(files)}
+    path = _record_path(cache, os.fspath(bundle))
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(exist_ok=True)
+        atomic_write(path, json.dumps(record).encode())
+        _prune(path.parent)
+
+
+def _prune(folder: Path) -> None:
+    records = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for stale in records[KEEP:]:
+        stale.unlink(missing_ok=True)
+
+
+def find_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None,
+                 check_gpu: bool = True) -> tuple[Path, str] | None:
+    """(cache dir, digest) when ``bundle`` is installed in ``cache_dir`` and was accepted under the state that
+    holds now; None whenever the full install path must decide."""
+    if "://" in os.fspath(bundle):
+        return None
+    try:
+        cache = CacheDir(resolve_cache_dir(cache_dir))
+        record = json.loads(_record_path(cache, os.fspath(bundle)).read_bytes())
+    except (OSError, ValueError, KernelcacheError):
+        return None
+    if not isinstance(record, dict) or not _holds(record, cache, bundle, check_gpu):
+        return None
+    return cache.root, record["digest"]
+
+
+def _holds(record: dict, cache: CacheDir, bundle: str | os.PathLike, check_gpu: bool) -> bool:
+    digest, files = record.get("digest"), record.get("files")
+    if (record.get("format") != FORMAT or record.get("kernelcache") != __version__
+            or record.get("bundle") != os.path.realpath(bundle) or record.get("identity") != bundle_identity(bundle)
+            or not isinstance(digest, str) or not isinstance(files, list)):
+        return False
+    if not cache.receipt_path(digest).is_file() or _pending(cache):
+        return False
+    root = os.fspath(cache.root)
+    if not all(isinstance(f, str) and os.path.exists(os.path.join(root, f)) for f in files):
+        return False
+    if check_gpu and record.get("gpu") != gpu_witness():
+        return False
+    return record.get("environment_key") == environment_key().digest
+
+
+def _pending(cache: CacheDir) -> bool:
+    """An install a killed process left half-published: the full path rolls it forward first."""
+    try:
+        return any(name.endswith(".json") for name in os.listdir(cache.state / "journal"))
+    except OSError:
+        return False

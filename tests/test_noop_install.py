@@ -1,0 +1,163 @@
+"""A no-op install on every pod start: answered from the record of what an accepted install was checked
+against (cachedir/checked.py), never when anything it rested on changed.
+
+Each test runs the CLI as users do and reports which modules the command imported: the record's path
+imports neither the installer nor the manifest nor zstandard; every change of the bundle file, the
+installed files, the environment key, the GPUs or the cache's state takes the full path, which decides
+(and refuses) exactly as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.bundles import rewrite
+from helpers.common import clean_env
+
+from kernelcache.errors import FingerprintMismatch
+
+# The CLI, then one JSON line on stderr: its exit code and which of the installer's modules it imported.
+PROBE = r"""
+import json, sys
+from kernelcache.cli import main
+try:
+    main(sys.argv[1:], prog_name="kernelcache")
+    code = 0
+except SystemExit as exc:
+    code = exc.code or 0
+watched = ("kernelcache.install", "kernelcache.bundle.manifest", "zstandard", "triton", "torch")
+print(json.dumps({"exit": code, "imported": [m for m in watched if m in sys.modules]}), file=sys.stderr)
+"""
+FULL = ["kernelcache.install", "kernelcache.bundle.manifest", "zstandard"]
+
+
+def cli(*args: str, **env: str) -> tuple[dict, subprocess.CompletedProcess]:
+    done = subprocess.run([sys.executable, "-c", PROBE, *args], env=clean_env(**env), capture_output=True,
+                          text=True, timeout=600)
+    return json.loads(done.stderr.strip().splitlines()[-1]), done
+
+
+def install(bundle: Path, cache: Path, *flags: str, **env: str) -> tuple[dict, subprocess.CompletedProcess]:
+    return cli("install", str(bundle), "--cache-dir", str(cache), *flags, **env)
+
+
+@pytest.fixture
+def installed(small_bundle, tmp_path) -> tuple[Path, Path]:
+    """A copy of the small bundle, installed once (so the record is there): (bundle, cache dir)."""
+    bundle = tmp_path / "b.tar.zst"
+    shutil.copy(small_bundle, bundle)
+    first, done = install(bundle, tmp_path / "c")
+    assert first["exit"] == 0 and "installed" in done.stdout, done.stderr
+    return bundle, tmp_path / "c"
+
+
+def records(cache: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((cache / ".kernelcache" / "checked").glob("*.json"))]
+
+
+def test_a_noop_install_is_answered_without_the_installer(installed):
+    bundle, cache = installed
+    again, done = install(bundle, cache)
+    assert again == {"exit": 0, "imported": []}, done.stderr
+    assert done.stdout.startswith(f"already installed in {cache} (digest ")
+    [record] = records(cache)
+    assert record["bundle"] == str(bundle.resolve()) and record["files"]
+
+
+def test_its_json_is_the_installers(installed, tmp_path):
+    bundle, cache = installed
+    quick, done = install(bundle, cache, "--json")
+    assert quick["imported"] == [], done.stderr
+    shutil.copy(bundle, tmp_path / "other-name.tar.zst")  # no record for this path: the installer answers
+    full, slow = install(tmp_path / "other-name.tar.zst", cache, "--json")
+    assert full["imported"] == FULL, slow.stderr
+    assert json.loads(done.stdout) == json.loads(slow.stdout)
+
+
+def touch(bundle: Path, cache: Path) -> None:
+    stat = bundle.stat()
+    os.utime(bundle, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+
+
+def remove_a_file(bundle: Path, cache: Path) -> None:
+    victim = next(p for p in sorted(cache.rglob("*.json")) if ".kernelcache" not in p.parts)
+    victim.unlink()
+
+
+def leave_a_journal(bundle: Path, cache: Path) -> None:
+    (cache / ".kernelcache" / "journal" / f"{'0' * 64}.json").write_text("torn")
+
+
+def age_the_record(bundle: Path, cache: Path) -> None:
+    [path] = sorted((cache / ".kernelcache" / "checked").glob("*.json"))
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "kernelcache": "0.0.1"}))
+
+
+@pytest.mark.parametrize("change", [touch, remove_a_file, leave_a_journal, age_the_record])
+def test_a_changed_file_or_state_takes_the_full_path(installed, change):
+    bundle, cache = installed
+    change(bundle, cache)
+    again, done = install(bundle, cache)
+    assert again == {"exit": 0, "imported": FULL}, done.stderr
+    expect = "installed " if change is remove_a_file else "already installed"
+    assert done.stdout.startswith(expect), done.stdout
+    quick, done = install(bundle, cache)  # the full path accepted it and kept a new record
+    assert quick == {"exit": 0, "imported": []}, done.stderr
+
+
+def test_another_bundle_at_the_same_path_is_installed(installed, bundle90):
+    bundle, cache = installed
+    shutil.copy(bundle90, bundle)
+    again, done = install(bundle, cache)
+    assert again == {"exit": 0, "imported": FULL} and done.stdout.startswith("installed "), done.stderr
+
+
+def test_a_key_variable_set_since_is_refused_despite_the_record(installed):
+    """The record is never what decides a refusal: under another environment key the installer runs and
+    refuses the bundle its record had accepted."""
+    bundle, cache = installed
+    refused, done = install(bundle, cache, TRITON_DEBUG="1")
+    assert refused["exit"] == FingerprintMismatch.exit_code and set(FULL) <= set(refused["imported"]), done.stderr
+    assert "env_vars" in done.stderr
+
+
+def test_other_gpus_are_probed_again(installed):
+    bundle, cache = installed
+    again, done = install(bundle, cache, CUDA_VISIBLE_DEVICES="1")
+    assert again == {"exit": 0, "imported": FULL}, done.stderr
+
+
+def test_an_install_without_the_gpu_check_vouches_only_for_installs_without_it(small_bundle, tmp_path):
+    cache = tmp_path / "c"
+    first, done = install(small_bundle, cache, "--no-gpu-check")
+    assert first["exit"] == 0, done.stderr
+    assert install(small_bundle, cache, "--no-gpu-check")[0] == {"exit": 0, "imported": []}
+    checked, done = install(small_bundle, cache)
+    assert checked == {"exit": 0, "imported": FULL}, done.stderr
+    assert install(small_bundle, cache)[0] == {"exit": 0, "imported": []}
+
+
+def test_an_install_with_warnings_keeps_no_record(small_bundle, tmp_path):
+    """A difference that only warns (torch) is said again on every install, never answered from a record."""
+    bundle = rewrite(small_bundle, tmp_path / "w.tar.zst", torch="0.0.1")
+    for _ in range(2):
+        again, done = install(bundle, tmp_path / "c")
+        assert again == {"exit": 0, "imported": FULL} and "warning: torch" in done.stderr, done.stderr
+    assert records(tmp_path / "c") == []
+
+
+def test_run_with_the_bundle_skips_the_installer(installed):
+    bundle, cache = installed
+    script = ("import json, sys; from kernelcache.runtime.env import prepare; "
+              f"root, variables = prepare({str(bundle)!r}, {str(cache)!r}); "
+              "print(json.dumps([str(root), variables['TRITON_CACHE_DIR'], 'kernelcache.install' in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", script], env=clean_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert json.loads(done.stdout) == [str(cache), str(cache), False], done.stderr
