@@ -279,27 +279,11 @@ def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool,
 
     BUNDLE is a file, a URL (file://, http(s)://, s3://, ...) or oci://HOST/REPO:TAG.
     """
-    plain = not (arch or gpu or members or member_bytes or total_bytes)
-    found = _checked_install(bundle, cache_dir, not no_gpu_check) if plain else None
-    if found is not None:  # installed and accepted before under what holds now: no installer import at all
-        _render_install(found, as_json)
-        return
     from .install import install as do_install
 
     limits = make_limits(members, member_bytes, total_bytes)
     result = do_install(bundle, cache_dir, force=force, check_gpu=not no_gpu_check, limits=limits, arch=arch, gpu=gpu)
     _render_install(result.to_dict(), as_json)
-
-
-def _checked_install(bundle: str, cache_dir: str | None, check_gpu: bool) -> dict | None:
-    """The no-op install's result when cachedir/checked.py vouches for it (the keys of ``InstallResult.to_dict``)."""
-    from .cachedir.checked import find_checked
-
-    found = find_checked(bundle, cache_dir, check_gpu)
-    if found is None:
-        return None
-    return {"cache_dir": str(found[0]), "digest": found[1], "action": "already-installed", "written": 0,
-            "present": 0, "seconds": 0.0, "warnings": []}
 
 
 def _render_install(result: dict, as_json: bool) -> None:

@@ -42,7 +42,7 @@ LAYERS = (
     ("install", ("kernelcache.install",)),
     ("runtime", ("kernelcache.runtime",)),
     ("verify", ("kernelcache.verify",)),
-    ("cli", ("kernelcache.cli", "kernelcache.__main__")),
+    ("cli", ("kernelcache.cli", "kernelcache.entry", "kernelcache.__main__")),
 )
 # Shared by every layer: the errors, the package (its __version__), and the bundle format's vocabulary --
 # the manifest records harvest produces and install reads, and the environment fingerprint (with the Triton

@@ -22,19 +22,21 @@ from helpers.common import clean_env
 
 from kernelcache.errors import FingerprintMismatch
 
-# The CLI, then one JSON line on stderr: its exit code and which of the installer's modules it imported.
+# The command as its console script runs it (kernelcache/entry.py), then one JSON line on stderr: its exit code
+# and which of the installer's modules (and click) it imported.
 PROBE = r"""
 import json, sys
-from kernelcache.cli import main
+from kernelcache.entry import main
+sys.argv[0] = "kernelcache"
 try:
-    main(sys.argv[1:], prog_name="kernelcache")
+    main()
     code = 0
 except SystemExit as exc:
     code = exc.code or 0
-watched = ("kernelcache.install", "kernelcache.bundle.manifest", "zstandard", "triton", "torch")
+watched = ("kernelcache.install", "kernelcache.bundle.manifest", "zstandard", "click", "triton", "torch")
 print(json.dumps({"exit": code, "imported": [m for m in watched if m in sys.modules]}), file=sys.stderr)
 """
-FULL = ["kernelcache.install", "kernelcache.bundle.manifest", "zstandard"]
+FULL = ["kernelcache.install", "kernelcache.bundle.manifest", "zstandard", "click"]
 
 
 def cli(*args: str, **env: str) -> tuple[dict, subprocess.CompletedProcess]:
@@ -161,3 +163,57 @@ def test_run_with_the_bundle_skips_the_installer(installed):
     done = subprocess.run([sys.executable, "-c", script], env=clean_env(), capture_output=True, text=True,
                           timeout=600)
     assert json.loads(done.stdout) == [str(cache), str(cache), False], done.stderr
+
+
+# -- the entry point's plain forms are click's ----------------------------------------------------------------
+
+PLAIN = [
+    ["install", "B"],
+    ["install", "B", "--cache-dir", "D", "--json"],
+    ["install", "--cache-dir=D", "B", "--no-gpu-check"],
+    ["install", "B", "--cache-dir", "D1", "--cache-dir", "D2"],
+    ["env"],
+    ["env", "--json", "--cache-dir", "D"],
+    ["run", "--", "cmd", "-x"],
+    ["run", "cmd", "--cache-dir", "x"],
+    ["run", "--bundle", "B", "--cache-dir", "D", "--", "cmd"],
+    ["run", "--cache-dir=D", "cmd", "--", "y"],
+]
+NOT_PLAIN = [["install", "B", "--force"], ["install", "-h"], ["env", "--read-only"], ["env", "--json=1"],
+             ["run", "--bundle"], ["inspect", "B"], ["--version"], []]
+
+
+@pytest.mark.parametrize("args", PLAIN, ids=" ".join)
+def test_a_plain_form_parses_as_click_parses_it(args, tmp_path, monkeypatch):
+    from kernelcache.cli import main as cli
+    from kernelcache.entry import _FORMS, parse
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "B").write_text("")  # run's --bundle must exist for click
+    verb, options, positionals = parse(args)
+    params = cli.commands[verb].make_context(verb, args[1:]).params
+    names = {"--cache-dir": "cache_dir", "--json": "as_json", "--no-gpu-check": "no_gpu_check", "--bundle": "bundle"}
+    for flag, value in options.items():
+        assert params[names[flag]] == value, flag
+    assert all(params[names[f]] in (None, False) for f in _FORMS[verb] if f not in options)
+    expect = list(params["command"]) if verb == "run" else [params["bundle"]] if verb == "install" else []
+    assert positionals == expect
+
+
+@pytest.mark.parametrize("args", NOT_PLAIN, ids=" ".join)
+def test_anything_else_goes_to_click(args):
+    from kernelcache.entry import parse
+
+    assert parse(args) is None
+
+
+def test_env_and_run_start_without_click(installed):
+    """The import log of the kernelcache process itself (run execs /bin/true, which imports nothing)."""
+    bundle, cache = installed
+    for args in (["env", "--cache-dir", str(cache)], ["run", "--bundle", str(bundle), "--cache-dir", str(cache),
+                                                      "--", "/bin/true"]):
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "kernelcache", *args], env=clean_env(),
+                              capture_output=True, text=True, timeout=600)
+        imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
+        assert done.returncode == 0 and "kernelcache.runtime.env" in imported, done.stderr[-2000:]
+        assert not imported & {"click", "kernelcache.install", "zstandard"}, args

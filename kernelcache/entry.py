@@ -1,0 +1,120 @@
+"""The ``kernelcache`` command's entry point: the pod-start verbs in their plain forms, before click loads.
+
+``install`` / ``env`` / ``run`` sit on every pod start; importing click alone takes about as long as the
+work of a no-op install (~30 ms on 2 cores). This module recognises, with the standard library, exactly
+these forms and calls the same Python API the click commands call:
+
+* ``install BUNDLE [--cache-dir D] [--no-gpu-check] [--json]`` of a bundle file this cache dir accepted
+  before under what holds now (cachedir/checked.py): the no-op answer, without the installer;
+* ``env [--cache-dir D] [--json]``: ``runtime.env.env``;
+* ``run [--bundle B] [--cache-dir D] [--] COMMAND...``: ``runtime.env.run``, which execs COMMAND.
+
+Anything else (another verb or option, ``--help``, a bundle that needs the installer) and any error goes to
+the click CLI (cli.py), which parses the arguments itself and renders errors and tables as always; a failed
+call there repeats nothing that was not idempotent (``env`` and ``run`` only read, or finish an
+interrupted install, before they print or exec).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+# flag -> takes a value; the options each plain form accepts (all else goes to click).
+_FORMS = {
+    "install": {"--cache-dir": True, "--no-gpu-check": False, "--json": False},
+    "env": {"--cache-dir": True, "--json": False},
+    "run": {"--cache-dir": True, "--bundle": True},
+}
+
+
+def main() -> None:
+    if not _plain(sys.argv[1:]):
+        from .cli import main as cli
+
+        cli(prog_name="kernelcache")
+
+
+def parse(args: list[str]) -> tuple[str, dict[str, str | bool], list[str]] | None:
+    """(verb, options, positionals) of a plain form, or None. As click parses them: ``--name value`` or
+    ``--name=value``, the last one wins; ``install`` and ``env`` take options anywhere, ``run`` only before
+    its command (which starts at the first positional or after ``--``)."""
+    if not args or args[0] not in _FORMS:
+        return None
+    verb, accepted = args[0], _FORMS[args[0]]
+    options: dict[str, str | bool] = {}
+    rest = args[1:]
+    positionals: list[str] = []
+    while rest:
+        arg, rest = rest[0], rest[1:]
+        if verb == "run" and arg == "--":
+            return verb, options, rest
+        if arg == "--" or not arg.startswith("-") or arg == "-":
+            if verb == "run":
+                return verb, options, [arg, *rest]
+            positionals.append(arg)
+            continue
+        name, eq, value = arg.partition("=")
+        if name not in accepted or (eq and not accepted[name]):
+            return None
+        if accepted[name] and not eq:
+            if not rest:
+                return None
+            value, rest = rest[0], rest[1:]
+        options[name] = value if accepted[name] else True
+    return verb, options, positionals
+
+
+def _plain(args: list[str]) -> bool:
+    """Run a plain form; False when it is not one, or when the API raised (click runs it then)."""
+    parsed = parse(args)
+    if parsed is None:
+        return False
+    verb, options, positionals = parsed
+    from .errors import KernelcacheError
+
+    try:
+        return {"install": _install, "env": _env, "run": _run}[verb](options, positionals)
+    except (KernelcacheError, OSError):
+        return False
+
+
+def _install(options: dict, positionals: list[str]) -> bool:
+    if len(positionals) != 1:
+        return False
+    from .cachedir.checked import find_checked
+
+    found = find_checked(positionals[0], options.get("--cache-dir"), not options.get("--no-gpu-check"))
+    if found is None:
+        return False
+    root, digest = found
+    if options.get("--json"):  # InstallResult.to_dict() of a no-op, less its warnings, as cli.py prints it
+        print(json.dumps({"cache_dir": str(root), "digest": digest, "action": "already-installed", "written": 0,
+                          "present": 0, "seconds": 0.0}, indent=1))
+    else:
+        print(f"already installed in {root} (digest {digest[:16]})")
+    return True
+
+
+def _env(options: dict, positionals: list[str]) -> bool:
+    if positionals:
+        return False
+    from .runtime.env import env
+
+    found = env(options.get("--cache-dir"))
+    for warning in found.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if options.get("--json"):
+        print(json.dumps(found.variables, indent=1))
+    else:
+        print(found.exports(), end="")
+    return True
+
+
+def _run(options: dict, command: list[str]) -> bool:
+    if not command:
+        return False
+    from .runtime.env import run
+
+    run(command, options.get("--bundle"), options.get("--cache-dir"))
+    return True  # not reached: run execs the command or raises
