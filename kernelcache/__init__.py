@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 import types
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
+
+TYPE_CHECKING = False  # typing itself is not imported: the pod-start fast path (entry.py) pays each import
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,8 @@ __all__ = ["__version__", "activate", "build", "capture", "diff", "env", "fetch"
            "plan_install", "pull", "push", "run", "verify"]
 
 if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load on first use
+    from typing import Any
+
     from .build import build
     from .bundle.compare import diff, merge
     from .bundle.inspect import inspect

@@ -41,7 +41,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .bundle import archive
-from .bundle.envkey import EnvironmentKey, KnownEnvironment, environment_key, package_dir
+from .bundle.envkey import EnvironmentKey, KnownEnvironment, environment_key
+from .bundle.envscan import gpu_witness, package_dir
 from .bundle.fingerprint import Difference, compare, compare_gpu, local_environment, package_version
 from .bundle.identity import environment_from
 from .bundle.manifest import Environment, Kernel, Manifest
@@ -57,7 +58,7 @@ from .errors import (
     StorageError,
 )
 from .harvest import KEY_PATTERN
-from .plan.gpus import GpuProbe, gpu_witness
+from .plan.gpus import GpuProbe
 
 
 @dataclass(frozen=True)

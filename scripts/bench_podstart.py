@@ -16,6 +16,12 @@ interleave the sources, so a load that changes during the run weighs on each ali
 * ``run``, ``run-bundle``: ``run [--bundle B] --cache-dir D -- /bin/true``, reported as the time
   added to ``/bin/true`` run directly (``exec``), measured in the same rounds.
 
+By default the commands run under a bare venv whose one ``.pth`` line names ``--python``'s site-packages:
+kernelcache comes from the source tree as it would from an installed wheel, and the packages are
+``--python``'s, but that venv's own ``.pth`` files do not run (a development venv's editable install adds an
+import finder that costs every Python start 15-30 ms, which no user's image has). ``--no-as-installed`` runs
+``--python`` itself.
+
 ``--parts`` also times, in fresh processes, what a first fingerprint is made of: the key (stat calls),
 ``import triton``, ``triton_key()`` (hashing libtriton.so), the ptxas and variable lookups.
 
@@ -193,6 +199,18 @@ def machine(python: str) -> str:
     return f"{model}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {versions}"
 
 
+def bare_venv(python: str, where: Path) -> str:
+    """A venv without pip whose site-packages holds one ``.pth`` naming ``python``'s site dirs (paths a ``.pth``
+    adds are not scanned for ``.pth`` files themselves); its interpreter."""
+    subprocess.run([python, "-m", "venv", "--without-pip", str(where)], check=True)
+    probe = "import sysconfig, json; p = sysconfig.get_paths(); print(json.dumps([p['purelib'], p['platlib']]))"
+    dirs = json.loads(subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout)
+    bare = str(where / "bin" / "python")
+    own = json.loads(subprocess.run([bare, "-c", probe], capture_output=True, text=True, check=True).stdout)[0]
+    Path(own, "packages.pth").write_text("\n".join(dict.fromkeys(dirs)) + "\n")
+    return bare
+
+
 def make_source(pair: str, python: str, bundle: Path, work: Path) -> Source:
     """``LABEL=DIR`` or ``LABEL=DIR@BUNDLE`` (that tree's own copy of the bundle)."""
     label, _, rest = pair.partition("=")
@@ -209,8 +227,12 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--parts", action="store_true", help="Also time the parts of a first fingerprint.")
     parser.add_argument("--json", type=Path, default=None, help="Also write every measurement here.")
+    parser.add_argument("--as-installed", action=argparse.BooleanOptionalAction, default=True,
+                        help="Run under a bare venv that sees --python's packages but not its .pth files.")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kc-podstart-"))
+    if args.as_installed:
+        args.python = bare_venv(args.python, work / "venv")
     pairs = args.source or [f"after={Path(__file__).resolve().parents[1]}"]
     sources = [make_source(pair, args.python, args.bundle, work) for pair in pairs]
     print(f"before: {machine(args.python)}", flush=True)

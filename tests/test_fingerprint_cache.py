@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from helpers.common import ROOT, SERVED, clean_env, kc
 
-from kernelcache.bundle.envkey import EnvironmentKey, KnownEnvironment, environment_key, key_candidates
+from kernelcache.bundle.envkey import EnvironmentKey, KnownEnvironment, environment_key
+from kernelcache.bundle.envscan import key_candidates
 from kernelcache.bundle.fingerprint import package_version
 from kernelcache.bundle.manifest import Environment
 from kernelcache.errors import FingerprintMismatch

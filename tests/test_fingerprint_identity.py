@@ -34,7 +34,7 @@ BOTH = r"""
 import json, sys
 from dataclasses import asdict
 from kernelcache.bundle import archive
-from kernelcache.bundle.envkey import package_dir
+from kernelcache.bundle.envscan import package_dir
 from kernelcache.bundle.fingerprint import local_environment, package_version
 from kernelcache.bundle.identity import environment_from
 manifest = archive.read_manifest(sys.argv[1])

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..errors import MissingDependency
-from .keyvars import OPTION_ENV_VARS
+from .envscan import OPTION_ENV_VARS
 from .manifest import Environment, Manifest, Target, arch_to_capability
 
 

@@ -29,8 +29,8 @@ import os
 import subprocess
 
 from ..runtime.site.kernelcache_tritonkey import identity, triton_files
+from .envscan import OPTION_ENV_VARS, key_candidates
 from .fingerprint import platform_tag, python_tag
-from .keyvars import OPTION_ENV_VARS, key_candidates
 from .manifest import Environment, TritonIdentity, arch_to_capability
 
 # Variables that make Triton run another ptxas, or none, for its --version text (triton/knobs.py).

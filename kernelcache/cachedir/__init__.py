@@ -20,26 +20,21 @@ JSON, lacks its digest, or whose manifest does not parse is *bad*; lookups ignor
 replaces it, a read-only base refuses it). ``publish.py`` owns journals, publishing and recovery.
 """
 
-from .publish import (
-    Journal,
-    atomic_write,
-    complete_entry,
-    publish_entries,
-    recover,
-    sweep,
-    write_receipt,
-)
-from .state import (
-    STATE_DIR,
-    CacheDir,
-    Receipt,
-    ReceiptScan,
-    default_cache_dir,
-    lock_timeout,
-    resolve_cache_dir,
-)
+from importlib import import_module
 
-__all__ = [
-    "STATE_DIR", "CacheDir", "Journal", "Receipt", "ReceiptScan", "atomic_write", "complete_entry",
-    "default_cache_dir", "lock_timeout", "publish_entries", "recover", "resolve_cache_dir", "sweep", "write_receipt",
-]
+# Loaded on first use (PEP 562): importing a light module of this package (layout.py, checked.py, on every
+# pod start) must not import the ones below, with their dataclasses and pathlib.
+_EXPORTS = {
+    **dict.fromkeys(("Journal", "atomic_write", "complete_entry", "publish_entries", "recover", "sweep",
+                     "write_receipt"), "publish"),
+    **dict.fromkeys(("STATE_DIR", "CacheDir", "Receipt", "ReceiptScan", "default_cache_dir", "lock_timeout",
+                     "resolve_cache_dir"), "state"),
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{module}"), name)

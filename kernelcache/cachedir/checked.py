@@ -10,30 +10,31 @@ real path>.json`` with what that decision rested on:
 * the bundle's digest, and every file it installed;
 * the digest of the ``EnvironmentKey`` the fingerprint was checked under (bundle/envkey.py: the interpreter,
   Triton's files, ptxas, the key variables, the packages' metadata, all by stat);
-* the GPU witness it was checked with (plan/gpus.py ``gpu_witness``), or none when no GPU check ran;
+* the GPU witness it was checked with (bundle/envscan.py ``gpu_witness``), or none when no GPU check ran;
 * kernelcache's version and this record's format.
 
 ``find_checked`` answers the digest only when every one of these holds now, the receipt is there, every
 installed file is there and no install is half-published; anything else answers None and the caller takes
 the full path, which checks everything again. The record is never the only guard of a refusal: it exists
-only for a bundle that was accepted, under exactly the state that is compared. Standard library and the
-environment key only, so the CLI answers a no-op install before it imports the installer.
+only for a bundle that was accepted, under exactly the state that is compared. Reading it takes the standard
+library's os, json and hashlib and nothing heavier (no dataclasses, pathlib or subprocess: each costs a pod
+start 15-40 ms of imports on 2 cores), so the entry point answers a no-op install before click or the
+installer load.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-from pathlib import Path
 
 from .. import __version__
-from ..bundle.envkey import environment_key
-from ..errors import KernelcacheError
-from ..plan.gpus import gpu_witness
-from .publish import atomic_write
-from .state import CacheDir, resolve_cache_dir
+from ..bundle.envscan import gpu_witness, key_digest, scan_key
+from .layout import STATE_DIR, cache_root
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .state import CacheDir
 
 FORMAT = 1
 KEEP = 16
@@ -50,9 +51,9 @@ def bundle_identity(path: str | os.PathLike) -> list[int] | None:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def _record_path(cache: CacheDir, bundle: str) -> Path:
+def _record_path(root: str, bundle: str) -> str:
     name = hashlib.sha256(os.path.realpath(bundle).encode()).hexdigest()[:32]
-    return cache.state / "checked" / f"{name}.json"
+    return os.path.join(root, STATE_DIR, "checked", f"{name}.json")
 
 
 def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[int], digest: str,
@@ -64,54 +65,56 @@ def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[
     record = {"format": FORMAT, "kernelcache": __version__, "bundle": os.path.realpath(bundle),
               "identity": identity, "digest": digest, "environment_key": environment_key_digest, "gpu": gpu,
               "files": sorted(files)}
-    path = _record_path(cache, os.fspath(bundle))
+    import contextlib
+    from pathlib import Path
+
+    from .publish import atomic_write  # the writer is the installer, which has these imported already
+
+    path = Path(_record_path(os.fspath(cache.root), os.fspath(bundle)))
     with contextlib.suppress(OSError):
         path.parent.mkdir(exist_ok=True)
         atomic_write(path, json.dumps(record).encode())
-        _prune(path.parent)
-
-
-def _prune(folder: Path) -> None:
-    records = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-    for stale in records[KEEP:]:
-        stale.unlink(missing_ok=True)
+        records = sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+        for stale in records[KEEP:]:
+            stale.unlink(missing_ok=True)
 
 
 def find_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None,
-                 check_gpu: bool = True) -> tuple[Path, str] | None:
+                 check_gpu: bool = True) -> tuple[str, str] | None:
     """(cache dir, digest) when ``bundle`` is installed in ``cache_dir`` and was accepted under the state that
     holds now; None whenever the full install path must decide."""
     if "://" in os.fspath(bundle):
         return None
+    root = cache_root(cache_dir)
     try:
-        cache = CacheDir(resolve_cache_dir(cache_dir))
-        record = json.loads(_record_path(cache, os.fspath(bundle)).read_bytes())
-    except (OSError, ValueError, KernelcacheError):
+        with open(_record_path(root, os.fspath(bundle)), "rb") as handle:
+            record = json.loads(handle.read())
+    except (OSError, ValueError):
         return None
-    if not isinstance(record, dict) or not _holds(record, cache, bundle, check_gpu):
+    if not isinstance(record, dict) or not _holds(record, root, bundle, check_gpu):
         return None
-    return cache.root, record["digest"]
+    return root, record["digest"]
 
 
-def _holds(record: dict, cache: CacheDir, bundle: str | os.PathLike, check_gpu: bool) -> bool:
+def _holds(record: dict, root: str, bundle: str | os.PathLike, check_gpu: bool) -> bool:
     digest, files = record.get("digest"), record.get("files")
     if (record.get("format") != FORMAT or record.get("kernelcache") != __version__
             or record.get("bundle") != os.path.realpath(bundle) or record.get("identity") != bundle_identity(bundle)
             or not isinstance(digest, str) or not isinstance(files, list)):
         return False
-    if not cache.receipt_path(digest).is_file() or _pending(cache):
+    state = os.path.join(root, STATE_DIR)
+    if not os.path.isfile(os.path.join(state, "installed", f"{digest}.json")) or _pending(state):
         return False
-    root = os.fspath(cache.root)
     if not all(isinstance(f, str) and os.path.exists(os.path.join(root, f)) for f in files):
         return False
     if check_gpu and record.get("gpu") != gpu_witness():
         return False
-    return record.get("environment_key") == environment_key().digest
+    return record.get("environment_key") == key_digest(scan_key())
 
 
-def _pending(cache: CacheDir) -> bool:
+def _pending(state: str) -> bool:
     """An install a killed process left half-published: the full path rolls it forward first."""
     try:
-        return any(name.endswith(".json") for name in os.listdir(cache.state / "journal"))
+        return any(name.endswith(".json") for name in os.listdir(os.path.join(state, "journal")))
     except OSError:
         return False

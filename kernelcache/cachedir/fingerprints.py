@@ -21,7 +21,8 @@ import os
 import sys
 from pathlib import Path
 
-from ..bundle.envkey import EnvironmentKey, KnownEnvironment, package_dir
+from ..bundle.envkey import EnvironmentKey, KnownEnvironment
+from ..bundle.envscan import package_dir
 from ..runtime.site import kernelcache_tritonkey
 from .publish import atomic_write
 from .state import CacheDir

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BundleManifestError, StorageError, UsageError
+from .layout import STATE_DIR, cache_root, default_cache_root
 
 if TYPE_CHECKING:  # parsed only where a receipt is read: `env` on every pod start needs no manifest classes
     from ..bundle.manifest import Manifest
 
-STATE_DIR = ".kernelcache"
 _STATE_SUBDIRS = ("staging", "installed", "journal")
 
 
@@ -33,15 +33,12 @@ def lock_timeout() -> float:
 
 def default_cache_dir() -> Path:
     """Where Triton looks: KERNELCACHE_HOME, else TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache."""
-    for var in ("KERNELCACHE_HOME", "TRITON_CACHE_DIR"):
-        if os.environ.get(var):
-            return Path(os.environ[var])
-    return Path(os.environ.get("TRITON_HOME") or Path.home()) / ".triton" / "cache"
+    return Path(default_cache_root())
 
 
 def resolve_cache_dir(cache_dir: str | os.PathLike | None) -> Path:
     """The absolute cache dir (the default when None); a path that is a file is a usage error."""
-    path = Path(os.path.abspath(cache_dir if cache_dir is not None else default_cache_dir()))
+    path = Path(cache_root(cache_dir))
     if path.exists() and not path.is_dir():
         raise UsageError(f"cache dir {path} is a file, not a directory")
     return path

@@ -8,8 +8,6 @@ default for workers) unusable, and importing torch just to ask would cost second
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
 import subprocess
@@ -140,44 +138,6 @@ class GpuProbe:
             self.child.wait()
         if self.child is not None and self.child.stdout:
             self.child.stdout.close()
-
-
-# What CUDA reads to pick and order the GPUs it shows a process.
-WITNESS_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "KERNELCACHE_NO_GPU_PROBE")
-_NVIDIA_PROC = "/proc/driver/nvidia"
-
-
-def gpu_witness() -> str:
-    """A digest of what decides the GPUs ``visible_gpus()`` would report, read without CUDA in about a ms.
-
-    It covers the NVIDIA device nodes (``/dev/nvidia*``, WSL's ``/dev/dxg``), the driver's version file and
-    per-GPU information files (``/proc/driver/nvidia/gpus/*/information``: model, UUID, bus location; a
-    container sees the files of its own GPUs only), the names under the driver's ``capabilities`` dir (MIG
-    instances appear there) and the variables in ``WITNESS_VARIABLES``. A probe's answer stands while the
-    witness is equal; a changed witness (another node, another GPU, MIG reconfigured) means probing again.
-    """
-    parts = [f"{name}={os.environ.get(name)}" for name in WITNESS_VARIABLES]
-    with contextlib.suppress(OSError):
-        parts += sorted(f"dev {n}" for n in os.listdir("/dev") if n.startswith(("nvidia", "dxg")))
-    parts += [f"{path} {_read(path)}" for path in [f"{_NVIDIA_PROC}/version", *_gpu_information_files()]]
-    for folder, dirs, files in os.walk(f"{_NVIDIA_PROC}/capabilities"):
-        parts += sorted(f"cap {folder}/{n}" for n in [*dirs, *files])
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
-
-
-def _gpu_information_files() -> list[str]:
-    try:
-        return sorted(f"{_NVIDIA_PROC}/gpus/{bus}/information" for bus in os.listdir(f"{_NVIDIA_PROC}/gpus"))
-    except OSError:
-        return []
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except OSError:
-        return "(none)"
 
 
 def profile_for(gpu: VisibleGpu) -> GpuProfile | None:

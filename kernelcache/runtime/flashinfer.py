@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..bundle.envkey import distribution_version
+from ..bundle.envscan import distribution_version
 from ..cachedir import STATE_DIR
 from ..cachedir.flashinfer_site import SHIM_PACKAGE, SITE_DIR, ensure_site, installed_modules, providers
 from ..errors import FingerprintMismatch

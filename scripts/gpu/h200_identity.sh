@@ -16,7 +16,7 @@ python3 - "$bundle" > "$OUT/identity.json" 2> "$OUT/identity.err" <<'PY'
 import json, sys, time
 from dataclasses import asdict
 from kernelcache.bundle import archive
-from kernelcache.bundle.envkey import package_dir
+from kernelcache.bundle.envscan import package_dir
 from kernelcache.bundle.fingerprint import local_environment, package_version
 from kernelcache.bundle.identity import environment_from
 manifest = archive.read_manifest(sys.argv[1])

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.abc
 import importlib.util
 import os
 import sys
@@ -201,8 +200,11 @@ def seed(cache_module, folder: str | None = None) -> None:
     cache_module.triton_key = triton_key
 
 
-class AfterImport(importlib.abc.MetaPathFinder):
-    """Let module ``name`` load normally, then call ``then(module)`` (once). Also sitecustomize's hook."""
+class AfterImport:
+    """Let module ``name`` load normally, then call ``then(module)`` (once). Also sitecustomize's hook.
+
+    A meta path finder by its ``find_spec`` alone (importlib.abc's base class would cost every no-op install the
+    import of importlib.resources)."""
 
     def __init__(self, name, then):
         self.name, self.then = name, then
