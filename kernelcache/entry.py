@@ -87,7 +87,9 @@ def _install(options: dict, positionals: list[str]) -> bool:
     found = find_checked(positionals[0], options.get("--cache-dir"), not options.get("--no-gpu-check"))
     if found is None:
         return False
-    root, digest = found
+    root, digest, warnings = found
+    for warning in warnings:  # as the installer says them (never FORCED ones: a forced install is not kept)
+        print(f"warning: {warning}", file=sys.stderr)
     if options.get("--json"):  # InstallResult.to_dict() of a no-op, less its warnings, as cli.py prints it
         print(json.dumps({"cache_dir": str(root), "digest": digest, "action": "already-installed", "written": 0,
                           "present": 0, "seconds": 0.0}, indent=1))

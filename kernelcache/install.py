@@ -142,13 +142,14 @@ class InstallPlan:
             save_triton_key(cache, self.fingerprint.key, self.triton_key)
 
     def remember(self) -> None:
-        """After an install or no-op that found no difference at all: keep what it was checked against, so the
-        next no-op install of this file answers without reading it (cachedir/checked.py)."""
-        if self.differences or self.checked_under is None or self.identity is None:
+        """After an install or no-op that found no blocking difference: keep what it was checked against and the
+        warnings it gave, so the next no-op install of this file answers (with the same warnings) without reading
+        it (cachedir/checked.py). A forced install is never kept: it is checked, and said loudly, every time."""
+        if self.blocking or self.checked_under is None or self.identity is None:
             return
         files = [f.path for f in self.manifest.files()]
         remember_checked(CacheDir(self.cache_dir), self.bundle, self.identity, self.digest, files,
-                         self.checked_under, self.gpu)
+                         self.checked_under, self.gpu, self.check())
 
 
 def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,
@@ -273,7 +274,7 @@ def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = Non
     if arch is None and gpu is None and limits is None:
         found = find_checked(bundle, cache_dir, check_gpu)
         if found is not None:
-            return InstallResult(found[0], found[1], "already-installed")
+            return InstallResult(Path(found.cache_dir), found.digest, "already-installed", warnings=found.warnings)
     with local_bundle(source, arch=arch, gpu=gpu) as path:
         plan = plan_install(path, cache_dir, force, check_gpu, limits)
         result = plan.execute()

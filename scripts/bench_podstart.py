@@ -65,12 +65,12 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 
 class Source:
-    def __init__(self, label: str, root: Path, python: str, bundle: Path, work: Path):
+    def __init__(self, label: str, root: Path, python: str, bundle: Path, work: Path, path: tuple[str, ...] = ()):
         self.label, self.root, self.python, self.bundle = label, root, python, bundle
         self.work = work / label
         self.env = {k: v for k, v in os.environ.items()
                     if not k.startswith(("TRITON_", "KERNELCACHE_")) and k != "PYTHONPATH"}
-        self.env["PYTHONPATH"] = str(root)
+        self.env["PYTHONPATH"] = os.pathsep.join([str(root), *path])
         self.installed = self.work / "installed"
         self.cold = 0
 
@@ -199,7 +199,7 @@ def machine(python: str) -> str:
     return f"{model}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {versions}"
 
 
-def bare_venv(python: str, where: Path) -> str:
+def bare_venv(python: str, where: Path, extra: list[str]) -> str:
     """A venv without pip whose site-packages holds one ``.pth`` naming ``python``'s site dirs (paths a ``.pth``
     adds are not scanned for ``.pth`` files themselves); its interpreter."""
     subprocess.run([python, "-m", "venv", "--without-pip", str(where)], check=True)
@@ -207,15 +207,15 @@ def bare_venv(python: str, where: Path) -> str:
     dirs = json.loads(subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout)
     bare = str(where / "bin" / "python")
     own = json.loads(subprocess.run([bare, "-c", probe], capture_output=True, text=True, check=True).stdout)[0]
-    Path(own, "packages.pth").write_text("\n".join(dict.fromkeys(dirs)) + "\n")
+    Path(own, "packages.pth").write_text("\n".join(dict.fromkeys([*dirs, *extra])) + "\n")
     return bare
 
 
-def make_source(pair: str, python: str, bundle: Path, work: Path) -> Source:
-    """``LABEL=DIR`` or ``LABEL=DIR@BUNDLE`` (that tree's own copy of the bundle)."""
+def make_source(pair: str, python: str, bundle: Path, work: Path, path: tuple[str, ...] = ()) -> Source:
+    """``LABEL=DIR`` or ``LABEL=DIR@BUNDLE`` (that tree's own copy of the bundle); ``path``: more PYTHONPATH."""
     label, _, rest = pair.partition("=")
     root, _, own = rest.partition("@")
-    return Source(label, Path(root).resolve(), python, Path(own or bundle).resolve(), work)
+    return Source(label, Path(root).resolve(), python, Path(own or bundle).resolve(), work, path)
 
 
 def main() -> int:
@@ -229,12 +229,15 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None, help="Also write every measurement here.")
     parser.add_argument("--as-installed", action=argparse.BooleanOptionalAction, default=True,
                         help="Run under a bare venv that sees --python's packages but not its .pth files.")
+    parser.add_argument("--site", action="append", default=[], type=Path,
+                        help="Another packages dir the commands see (after --python's); repeatable.")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kc-podstart-"))
     if args.as_installed:
-        args.python = bare_venv(args.python, work / "venv")
+        args.python = bare_venv(args.python, work / "venv", [str(d.resolve()) for d in args.site])
     pairs = args.source or [f"after={Path(__file__).resolve().parents[1]}"]
-    sources = [make_source(pair, args.python, args.bundle, work) for pair in pairs]
+    path = () if args.as_installed else tuple(str(d.resolve()) for d in args.site)  # else in the bare venv's .pth
+    sources = [make_source(pair, args.python, args.bundle, work, path) for pair in pairs]
     print(f"before: {machine(args.python)}", flush=True)
     for source in sources:
         source.prepare()

@@ -20,30 +20,67 @@ serving=0
 [[ " $STACKS " == *" serving "* ]] && serving=1
 
 # pytest exit 5 (nothing collected: extra args selected no test of this run) is not a failure; the 15 slowest
-# tests are listed at the end of each run (what to trim when CI grows).
-pytest_run() { local rc=0; .venv-lab/bin/python -m pytest -q --durations=15 "$@" || rc=$?; [ "$rc" = 5 ] || return "$rc"; }
+# tests are listed at the end of each run (what to trim when CI grows). Each run has its own temp dir, so two
+# runs at once never clean up each other's.
+pytest_run() {
+  local name=$1 rc=0
+  shift
+  .venv-lab/bin/python -m pytest -q -p no:cacheprovider --durations=15 \
+    --basetemp="${TMPDIR:-/tmp}/kernelcache-tests-$name" "$@" || rc=$?
+  [ "$rc" = 5 ] || return "$rc"
+}
 
 if [ "$serving" = 1 ]; then
   mkdir -p build
+  rm -f build/serving-setup.rc
   # The build venv fetches FlashInfer's CUDA toolchain itself when it builds; the install venv needs none.
-  ( STACK=serving KERNELCACHE_SETUP_DEV=0 KERNELCACHE_SETUP_FLASHINFER=0 bash scripts/setup.sh \
-    && STACK=serving VENV=.venv-serve KERNELCACHE_SETUP_DEV=0 KERNELCACHE_SETUP_FLASHINFER=0 bash scripts/setup.sh \
-  ) > build/serving-setup.log 2>&1 &
-  serving_setup=$!
+  ( rc=0
+    { STACK=serving KERNELCACHE_SETUP_DEV=0 KERNELCACHE_SETUP_FLASHINFER=0 bash scripts/setup.sh \
+      && STACK=serving VENV=.venv-serve KERNELCACHE_SETUP_DEV=0 KERNELCACHE_SETUP_FLASHINFER=0 bash scripts/setup.sh
+    } > build/serving-setup.log 2>&1 || rc=$?
+    echo "$rc" > build/serving-setup.rc ) &
 fi
 STACK=lab bash scripts/setup.sh
 stamp "lab stack set up"
 .venv-lab/bin/ruff check kernelcache tests scripts
-pytest_run -m "not serving" "$@"
-stamp "lab tests done"
-if [ "$serving" = 1 ]; then
-  if ! wait "$serving_setup"; then
-    tail -20 build/serving-setup.log >&2
-    echo "test.sh: setting up the serving stack failed (build/serving-setup.log)" >&2
-    exit 1
+
+# The serving-stack tests, once its venvs are set up (in the background since the start).
+serving_tests() {
+  while [ ! -f build/serving-setup.rc ]; do sleep 5; done
+  if [ "$(cat build/serving-setup.rc)" != 0 ]; then
+    tail -20 build/serving-setup.log
+    echo "test.sh: setting up the serving stack failed (build/serving-setup.log)"
+    return 1
   fi
   stamp "serving stack set up (.venv, .venv-serve)"
-  export KERNELCACHE_SERVING_VENV=$PWD/.venv KERNELCACHE_SERVING_VENV2=$PWD/.venv-serve KERNELCACHE_REQUIRE_SERVING=1
-  pytest_run -m serving "$@"
-  stamp "serving tests done"
-fi
+  KERNELCACHE_SERVING_VENV=$PWD/.venv KERNELCACHE_SERVING_VENV2=$PWD/.venv-serve KERNELCACHE_REQUIRE_SERVING=1 \
+    pytest_run serving -m serving "$@"
+}
+
+# Two streams, one per core of a 2-core CI machine: most tests run one process at a time, so together they take
+# about as long as the longer stream. A: the quick tests, then the serving stack's; B: the slow builds (the
+# model families' cross builds). Each stream's output is printed whole once it ends.
+stream() {
+  local name=$1 rc=0
+  shift
+  "$@" > "build/test-$name.log" 2>&1 || rc=$?
+  stamp "stream $name done (exit $rc)" >> "build/test-$name.log"
+  return "$rc"
+}
+quick_then_serving() {
+  pytest_run quick -m "not serving and not slow" "$@" || return
+  stamp "quick tests done"
+  if [ "$serving" = 1 ]; then serving_tests "$@"; fi
+}
+mkdir -p build
+stream A quick_then_serving "$@" & a=$!
+stream B pytest_run slow -m "slow and not serving" "$@" & b=$!
+failed=0
+for pair in "A $a" "B $b"; do
+  set -- $pair
+  wait "$2" || failed=1
+  echo "=== stream $1 (build/test-$1.log)"
+  cat "build/test-$1.log"
+done
+stamp "all tests done"
+exit "$failed"

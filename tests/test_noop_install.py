@@ -146,12 +146,20 @@ def test_an_install_without_the_gpu_check_vouches_only_for_installs_without_it(s
     assert install(small_bundle, cache)[0] == {"exit": 0, "imported": []}
 
 
-def test_an_install_with_warnings_keeps_no_record(small_bundle, tmp_path):
-    """A difference that only warns (torch) is said again on every install, never answered from a record."""
+def test_a_noop_from_the_record_says_the_installers_warnings_again(small_bundle, tmp_path):
+    """A difference that only warns (torch) is said on every install, the record's answer included."""
     bundle = rewrite(small_bundle, tmp_path / "w.tar.zst", torch="0.0.1")
+    first, full = install(bundle, tmp_path / "c")
+    again, quick = install(bundle, tmp_path / "c")
+    assert first["exit"] == 0 and "warning: torch" in full.stderr, full.stderr
+    assert again == {"exit": 0, "imported": []} and quick.stderr.splitlines()[:-1] == full.stderr.splitlines()[:-1]
+
+
+def test_a_forced_install_is_never_kept(small_bundle, tmp_path):
+    bundle = rewrite(small_bundle, tmp_path / "f.tar.zst", triton="0.0.1")  # blocking: only --force installs it
     for _ in range(2):
-        again, done = install(bundle, tmp_path / "c")
-        assert again == {"exit": 0, "imported": FULL} and "warning: torch" in done.stderr, done.stderr
+        forced, done = install(bundle, tmp_path / "c", "--force")
+        assert forced["exit"] == 0 and set(FULL) <= set(forced["imported"]) and "FORCED" in done.stderr, done.stderr
     assert records(tmp_path / "c") == []
 
 

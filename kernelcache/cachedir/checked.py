@@ -11,6 +11,8 @@ real path>.json`` with what that decision rested on:
 * the digest of the ``EnvironmentKey`` the fingerprint was checked under (bundle/envkey.py: the interpreter,
   Triton's files, ptxas, the key variables, the packages' metadata, all by stat);
 * the GPU witness it was checked with (bundle/envscan.py ``gpu_witness``), or none when no GPU check ran;
+* the warnings it gave (differences that do not block, such as another torch): a no-op answered from the
+  record says them again;
 * kernelcache's version and this record's format.
 
 ``find_checked`` answers the digest only when every one of these holds now, the receipt is there, every
@@ -27,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import namedtuple
 
 from .. import __version__
 from ..bundle.envscan import gpu_witness, key_digest, scan_key
@@ -56,15 +59,19 @@ def _record_path(root: str, bundle: str) -> str:
     return os.path.join(root, STATE_DIR, "checked", f"{name}.json")
 
 
+# A no-op install the record vouches for (a namedtuple: typing's NamedTuple would cost the import of typing).
+Checked = namedtuple("Checked", ["cache_dir", "digest", "warnings"])
+
+
 def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[int], digest: str,
-                     files: list[str], environment_key_digest: str, gpu: str | None) -> None:
+                     files: list[str], environment_key_digest: str, gpu: str | None, warnings: list[str]) -> None:
     """Keep what an accepted install was checked against (``identity``: the bundle file's, taken before it was
     read). A cache dir that cannot take it only loses the speed-up."""
     if not cache.state.is_dir() or bundle_identity(bundle) != identity:
         return  # the file changed while it was installed: nothing to vouch for
     record = {"format": FORMAT, "kernelcache": __version__, "bundle": os.path.realpath(bundle),
               "identity": identity, "digest": digest, "environment_key": environment_key_digest, "gpu": gpu,
-              "files": sorted(files)}
+              "warnings": list(warnings), "files": sorted(files)}
     import contextlib
     from pathlib import Path
 
@@ -80,8 +87,8 @@ def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[
 
 
 def find_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None,
-                 check_gpu: bool = True) -> tuple[str, str] | None:
-    """(cache dir, digest) when ``bundle`` is installed in ``cache_dir`` and was accepted under the state that
+                 check_gpu: bool = True) -> Checked | None:
+    """The no-op answer when ``bundle`` is installed in ``cache_dir`` and was accepted under the state that
     holds now; None whenever the full install path must decide."""
     if "://" in os.fspath(bundle):
         return None
@@ -93,14 +100,15 @@ def find_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None,
         return None
     if not isinstance(record, dict) or not _holds(record, root, bundle, check_gpu):
         return None
-    return root, record["digest"]
+    return Checked(root, record["digest"], tuple(record["warnings"]))
 
 
 def _holds(record: dict, root: str, bundle: str | os.PathLike, check_gpu: bool) -> bool:
-    digest, files = record.get("digest"), record.get("files")
+    digest, files, warnings = record.get("digest"), record.get("files"), record.get("warnings")
     if (record.get("format") != FORMAT or record.get("kernelcache") != __version__
             or record.get("bundle") != os.path.realpath(bundle) or record.get("identity") != bundle_identity(bundle)
-            or not isinstance(digest, str) or not isinstance(files, list)):
+            or not isinstance(digest, str) or not isinstance(files, list) or not isinstance(warnings, list)
+            or not all(isinstance(w, str) for w in warnings)):
         return False
     state = os.path.join(root, STATE_DIR)
     if not os.path.isfile(os.path.join(state, "installed", f"{digest}.json")) or _pending(state):
