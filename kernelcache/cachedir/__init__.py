@@ -13,9 +13,12 @@ own state under ``<cache>/.kernelcache/``:
   (``flashinfer_site.py``);
 * ``fingerprints/<key digest>.json``: environment fingerprints computed here before, each with the
   key it holds for (``fingerprints.py``), so an installed bundle is checked without importing Triton;
+* ``checked/<hash of a bundle path>.json``: what an accepted install of that bundle file was checked against
+  (``checked.py``), so the next no-op install answers without reading the bundle;
 * ``log.jsonl``: one line per finished install.
 
-``state.py`` owns the paths, the lock and the receipts (parsed in one place: a receipt that is not
+``layout.py`` says where a cache dir and its state are, as strings (what the pod-start fast path reads with the
+standard library alone); ``state.py`` owns the paths, the lock and the receipts (parsed in one place: a receipt that is not
 JSON, lacks its digest, or whose manifest does not parse is *bad*; lookups ignore it and an install
 replaces it, a read-only base refuses it). ``publish.py`` owns journals, publishing and recovery.
 """
