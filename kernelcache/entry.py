@@ -29,7 +29,12 @@ _FORMS = {
 
 
 def main() -> None:
-    if not _plain(sys.argv[1:]):
+    try:
+        plain = _plain(sys.argv[1:])
+    except KeyboardInterrupt:  # as the click CLI says it
+        print("kernelcache: interrupted", file=sys.stderr)
+        sys.exit(130)
+    if not plain:
         from .cli import main as cli
 
         cli(prog_name="kernelcache")

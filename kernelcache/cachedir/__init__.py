@@ -17,10 +17,10 @@ own state under ``<cache>/.kernelcache/``:
   (``checked.py``), so the next no-op install answers without reading the bundle;
 * ``log.jsonl``: one line per finished install.
 
-``layout.py`` says where a cache dir and its state are, as strings (what the pod-start fast path reads with the
-standard library alone); ``state.py`` owns the paths, the lock and the receipts (parsed in one place: a receipt that is not
-JSON, lacks its digest, or whose manifest does not parse is *bad*; lookups ignore it and an install
-replaces it, a read-only base refuses it). ``publish.py`` owns journals, publishing and recovery.
+``layout.py`` says where a cache dir and its state are, as strings (what the pod-start fast path reads with
+the standard library alone); ``state.py`` owns the paths, the lock and the receipts (parsed in one place: a
+receipt that is not JSON, lacks its digest, or whose manifest does not parse is *bad*; lookups ignore it and
+an install replaces it, a read-only base refuses it). ``publish.py`` owns journals, publishing and recovery.
 """
 
 from importlib import import_module
