@@ -33,7 +33,7 @@ from collections import namedtuple
 
 from .. import __version__
 from ..bundle.envscan import gpu_witness, key_digest, scan_key
-from .layout import STATE_DIR, cache_root
+from .layout import STATE_DIR, cache_root, unfinished
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -111,18 +111,10 @@ def _holds(record: dict, root: str, bundle: str | os.PathLike, check_gpu: bool) 
             or not all(isinstance(w, str) for w in warnings)):
         return False
     state = os.path.join(root, STATE_DIR)
-    if not os.path.isfile(os.path.join(state, "installed", f"{digest}.json")) or _pending(state):
+    if not os.path.isfile(os.path.join(state, "installed", f"{digest}.json")) or unfinished(state):
         return False
     if not all(isinstance(f, str) and os.path.exists(os.path.join(root, f)) for f in files):
         return False
     if check_gpu and record.get("gpu") != gpu_witness():
         return False
     return record.get("environment_key") == key_digest(scan_key())
-
-
-def _pending(state: str) -> bool:
-    """An install a killed process left half-published: the full path rolls it forward first."""
-    try:
-        return any(name.endswith(".json") for name in os.listdir(os.path.join(state, "journal")))
-    except OSError:
-        return False

@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import BundleManifestError, IntegrityError, StorageError
+from .layout import FLASHINFER_SITE_DIR
 from .state import STATE_DIR, CacheDir
 
 if TYPE_CHECKING:  # `kernelcache env` imports this module on every pod start; the manifest only where read
     from ..bundle.manifest import FlashInferModule
 
 PROVIDER_GROUP = "flashinfer.jit_cache.providers"
-SITE_DIR = "flashinfer"  # under <cache>/.kernelcache/
+SITE_DIR = FLASHINFER_SITE_DIR  # under <cache>/.kernelcache/
 SHIM_PACKAGE = "flashinfer_jit_cache"
 _SHIM_SOURCE = Path(__file__).with_name("flashinfer_shim.py")
 

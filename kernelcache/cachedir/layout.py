@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 STATE_DIR = ".kernelcache"
+FLASHINFER_SITE_DIR = "flashinfer"  # under STATE_DIR: FlashInfer's provider registration (flashinfer_site.py)
 
 
 def default_cache_root() -> str:
@@ -20,3 +21,25 @@ def default_cache_root() -> str:
 def cache_root(cache_dir: str | os.PathLike | None) -> str:
     """The absolute cache dir (the default when None), not checked."""
     return os.path.abspath(cache_dir if cache_dir is not None else default_cache_root())
+
+
+# What a killed or running install leaves under STATE_DIR: (subdir, which names). publish.sweep removes them.
+SWEPT = (("journal", "*"), ("installed", ".*"), ("fingerprints", ".*"), ("checked", ".*"), ("served", ".*"))
+
+
+def unfinished(state: str) -> bool:
+    """Whether a killed or running install left anything under ``state``: a journal, a staging dir, a temp file.
+
+    Without the lock this can only say "nothing yet": an install that starts right after is the lock
+    holder's business, exactly as if this check had taken the lock first."""
+    if _names(os.path.join(state, "staging")):
+        return True
+    return any(name.startswith(".") == (pattern == ".*")  # as glob matches them: "*" skips dot names
+               for sub, pattern in SWEPT for name in _names(os.path.join(state, sub)))
+
+
+def _names(directory: str) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import StorageError
+from .layout import SWEPT, unfinished
 from .state import CacheDir, Receipt
 
 
@@ -151,17 +152,8 @@ def roll_forward(cache: CacheDir, path: Path) -> int:
 
 
 def leftovers(cache: CacheDir) -> bool:
-    """Whether a killed or running install left anything here: a journal, a staging dir, a temp file.
-
-    Without the lock this can only say "nothing yet": an install that starts right after is the lock
-    holder's business, exactly as if this check had taken the lock first."""
-    staging = cache.state / "staging"
-    if staging.is_dir() and any(staging.iterdir()):
-        return True
-    return any(any((cache.state / sub).glob(pattern)) for sub, pattern in _SWEPT)
-
-
-_SWEPT = (("journal", "*"), ("installed", ".*"), ("fingerprints", ".*"))
+    """Whether a killed or running install left anything here (layout.py's ``unfinished``)."""
+    return unfinished(str(cache.state))
 
 
 def sweep(cache: CacheDir) -> None:
@@ -169,6 +161,6 @@ def sweep(cache: CacheDir) -> None:
     staging = cache.state / "staging"
     for stale in sorted(staging.iterdir()) if staging.is_dir() else ():
         shutil.rmtree(stale, ignore_errors=True)
-    for sub, _ in _SWEPT:
+    for sub, _ in SWEPT:
         for temp in (cache.state / sub).glob(".*"):
             temp.unlink(missing_ok=True)

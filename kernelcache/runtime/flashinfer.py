@@ -17,13 +17,13 @@ from __future__ import annotations
 import importlib.machinery
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from ..bundle.envscan import distribution_version
 from ..cachedir import STATE_DIR
 from ..cachedir.flashinfer_site import SHIM_PACKAGE, SITE_DIR, ensure_site, installed_modules, providers
 from ..errors import FingerprintMismatch
+from .workspace import workspace_base
 
 # -- the environment --------------------------------------------------------------------------------
 
@@ -59,9 +59,9 @@ def environment(cache_dir: Path, base: dict[str, str] | None = None) -> dict[str
     variables = {"PYTHONPATH": os.pathsep.join([*map(str, paths), *kept])}
     if "FLASHINFER_DISABLE_JIT" not in base:
         variables["FLASHINFER_DISABLE_JIT"] = "1"
-    workspace = _workspace_base(root, base)
+    workspace = workspace_base(root, base)
     if workspace is not None:
-        variables["FLASHINFER_WORKSPACE_BASE"] = str(workspace)
+        variables["FLASHINFER_WORKSPACE_BASE"] = workspace
     return variables
 
 
@@ -70,29 +70,3 @@ def is_site_path(path: str) -> bool:
     parts = Path(path).parts
     return any(parts[i:i + 2] == (STATE_DIR, SITE_DIR) and parts[i + 2].startswith("site-")
                for i in range(len(parts) - 2))
-
-
-def _workspace_base(root: Path, base: dict[str, str]) -> Path | None:
-    """Where FlashInfer may write its log and lock files when $HOME cannot take them; None: leave it.
-
-    FlashInfer creates ``<FLASHINFER_WORKSPACE_BASE or $HOME>/.cache/flashinfer/...`` at import and
-    fails there when that is read-only (common in pods). An explicit setting is never changed.
-    """
-    if "FLASHINFER_WORKSPACE_BASE" in base:
-        return None
-    home = Path(base.get("HOME") or Path.home())
-    if _writable(home / ".cache" / "flashinfer"):
-        return None
-    for candidate in (root / STATE_DIR / SITE_DIR / "workspace", Path(tempfile.gettempdir()) /
-                      f"kernelcache-flashinfer-{os.getuid()}"):
-        if _writable(candidate):
-            return candidate
-    return None
-
-
-def _writable(path: Path) -> bool:
-    """Whether ``path`` exists as a writable dir or could be created (its nearest existing parent is)."""
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            return candidate.is_dir() and os.access(candidate, os.W_OK | os.X_OK)
-    return False
