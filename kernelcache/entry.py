@@ -6,8 +6,10 @@ these forms and calls the same Python API the click commands call:
 
 * ``install BUNDLE [--cache-dir D] [--no-gpu-check] [--json]`` of a bundle file this cache dir accepted
   before under what holds now (cachedir/checked.py): the no-op answer, without the installer;
-* ``env [--cache-dir D] [--json]``: ``runtime.env.env``;
-* ``run [--bundle B] [--cache-dir D] [--] COMMAND...``: ``runtime.env.run``, which execs COMMAND.
+* ``env [--cache-dir D] [--json]``: the variables kept by the last computation when everything they rested on
+  holds (runtime/served.py), else ``runtime.env.env``;
+* ``run [--bundle B] [--cache-dir D] [--] COMMAND...``: exec COMMAND with those kept variables (with ``--bundle``,
+  only when that bundle's no-op is answered from its record too), else ``runtime.env.run``.
 
 Anything else (another verb or option, ``--help``, a bundle that needs the installer) and any error goes to
 the click CLI (cli.py), which parses the arguments itself and renders errors and tables as always; a failed
@@ -18,6 +20,7 @@ interrupted install, before they print or exec).
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 # flag -> takes a value; the options each plain form accepts (all else goes to click).
@@ -106,22 +109,46 @@ def _install(options: dict, positionals: list[str]) -> bool:
 def _env(options: dict, positionals: list[str]) -> bool:
     if positionals:
         return False
-    from .runtime.env import env
+    from .runtime.served import find_served
 
-    found = env(options.get("--cache-dir"))
-    for warning in found.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+    variables = find_served(options.get("--cache-dir"))
+    if variables is None:
+        from .runtime.env import env
+
+        found = env(options.get("--cache-dir"))
+        for warning in found.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        variables = found.variables
     if options.get("--json"):
-        print(json.dumps(found.variables, indent=1))
+        print(json.dumps(variables, indent=1))
     else:
-        print(found.exports(), end="")
+        from .runtime.shell import shell_exports
+
+        print(shell_exports(variables), end="")
     return True
 
 
 def _run(options: dict, command: list[str]) -> bool:
     if not command:
         return False
-    from .runtime.env import run
+    bundle, cache_dir = options.get("--bundle"), options.get("--cache-dir")
+    from .runtime.served import find_served
 
-    run(command, options.get("--bundle"), options.get("--cache-dir"))
-    return True  # not reached: run execs the command or raises
+    variables = find_served(cache_dir)
+    if variables is not None and bundle is not None:
+        from .cachedir.checked import find_checked
+
+        if find_checked(bundle, cache_dir) is None:
+            variables = None
+    if variables is None:
+        from .runtime.env import run
+
+        run(command, bundle, cache_dir)
+        return True  # not reached: run execs the command or raises
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(command[0], command, {**os.environ, **variables})
+    except (OSError, ValueError):  # not found, not executable, a NUL in the name: click runs it and says why
+        return False
+    return True  # not reached

@@ -230,7 +230,8 @@ def test_unwritable_home_gets_a_writable_workspace(bundle, tmp_path):
 def test_installed_file_changed_is_refused_by_env(bundle, sampling90, tmp_path):
     _, members, _ = sampling90
     cache = tmp_path / "cache"
-    installed(bundle, cache)
+    installed(bundle, cache)  # its env kept the variables (runtime/served.py): the change must not be hidden by them
+    assert list((cache / ".kernelcache" / "served").glob("*.json"))
     library = cache / members[0].path
     data = bytearray(library.read_bytes())
     data[len(data) // 2] ^= 0xFF

@@ -216,12 +216,15 @@ def test_anything_else_goes_to_click(args):
 
 
 def test_env_and_run_start_without_click(installed):
-    """The import log of the kernelcache process itself (run execs /bin/true, which imports nothing)."""
+    """The import log of the kernelcache process itself (run execs /bin/true, which imports nothing): the first
+    env computes the variables (runtime/env.py), run takes them from what it kept (runtime/served.py)."""
     bundle, cache = installed
     for args in (["env", "--cache-dir", str(cache)], ["run", "--bundle", str(bundle), "--cache-dir", str(cache),
                                                       "--", "/bin/true"]):
         done = subprocess.run([sys.executable, "-X", "importtime", "-m", "kernelcache", *args], env=clean_env(),
                               capture_output=True, text=True, timeout=600)
         imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
-        assert done.returncode == 0 and "kernelcache.runtime.env" in imported, done.stderr[-2000:]
+        computed = "kernelcache.runtime.env" in imported
+        assert done.returncode == 0 and "kernelcache.entry" in imported, done.stderr[-2000:]
+        assert computed == (args[0] == "env") and "kernelcache.runtime.served" in imported, args
         assert not imported & {"click", "kernelcache.install", "zstandard"}, args

@@ -15,6 +15,8 @@ own state under ``<cache>/.kernelcache/``:
   key it holds for (``fingerprints.py``), so an installed bundle is checked without importing Triton;
 * ``checked/<hash of a bundle path>.json``: what an accepted install of that bundle file was checked against
   (``checked.py``), so the next no-op install answers without reading the bundle;
+* ``served/<hash of its inputs>.json``: the variables ``env`` / ``run`` computed, with the stamps they rested on
+  (runtime/served.py), so the next pod start only checks them;
 * ``log.jsonl``: one line per finished install.
 
 ``layout.py`` says where a cache dir and its state are, as strings (what the pod-start fast path reads with

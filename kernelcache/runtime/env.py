@@ -12,7 +12,6 @@ served processes skip hashing libtriton.so (runtime/site/kernelcache_tritonkey.p
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +20,8 @@ from pathlib import Path
 from ..cachedir import CacheDir, recover, resolve_cache_dir
 from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
 from . import flashinfer
+from .served import remember_served
+from .shell import shell_exports
 from .site import kernelcache_tritonkey
 
 
@@ -92,10 +93,6 @@ def _no_overlay_options(base, overlay, miss_log) -> None:
         raise UsageError(f"{', '.join(given)} only make sense with --read-only")
 
 
-def shell_exports(variables: dict[str, str]) -> str:
-    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in variables.items())
-
-
 def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | None, force: bool = False
             ) -> tuple[Path, dict[str, str]]:
     """Install ``bundle`` if given (a no-op when already there), finish interrupted installs; the cache dir and
@@ -108,7 +105,9 @@ def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | Non
     check_read_only(root)
     if root.is_dir() and os.access(root, os.W_OK):
         recover(root)
-    return root, environment(root)
+    variables = environment(root)
+    remember_served(root, variables)  # the next start only checks it (served.py)
+    return root, variables
 
 
 def _not_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None) -> bool:

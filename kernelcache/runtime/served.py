@@ -1,0 +1,125 @@
+"""What ``env`` / ``run`` computed for a cache dir, kept so that the next pod start only checks it.
+
+Computing the variables (runtime/env.py) reads every install receipt, hashes each installed FlashInfer module
+against its manifest (2.2 MB for ``sampling``) and imports the cache dir's state modules (dataclasses,
+pathlib): 70-170 ms of every pod start on 2 cores, for an answer that changes only when the cache dir, the
+interpreter's packages or the caller's variables do. Once computed where the cache dir is writable and no
+install left anything to finish, it is kept in ``<cache>/.kernelcache/served/<hash of its inputs>.json``:
+
+* the inputs (their hash names the file): the cache dir, the interpreter and its ``sys.path``, the variables
+  the computation reads (PYTHONPATH, HOME, FLASHINFER_DISABLE_JIT, FLASHINFER_WORKSPACE_BASE), kernelcache's
+  version;
+* the stamps it rested on, each path's (inode, size, mtime_ns, ctime_ns) or null when absent: the receipts'
+  directory (an install or a removal renames a receipt in or out of it), the kept Triton keys' directory,
+  every file under the cache's ``flashinfer/`` (what the sha256 check vouched for: any write moves the ctime,
+  which cannot be set back), every directory on ``sys.path`` (a package installed or removed there, a new
+  FlashInfer version or a real ``flashinfer_jit_cache`` among them, changes its mtime) and every directory
+  the variables put on PYTHONPATH;
+* FlashInfer's workspace choice (runtime/workspace.py), which is decided again on every use;
+* the variables.
+
+``find_served`` answers the variables only when the cache dir is writable (a read-only one is checked the full
+way), no install left anything to finish (the full way rolls it forward), every stamp holds and the workspace
+choice is the same; otherwise None, and the caller computes everything again, refusing what it refuses. It
+reads with the standard library's os, json, hashlib and sys alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+
+from .. import __version__
+from ..cachedir.layout import STATE_DIR, cache_root, unfinished
+from .workspace import workspace_base
+
+FORMAT = 1
+KEEP = 16
+FLASHINFER_FILES = "flashinfer"  # <cache>/flashinfer/: installed FlashInfer modules (bundle/manifest.py)
+READ = ("PYTHONPATH", "HOME", "FLASHINFER_DISABLE_JIT", "FLASHINFER_WORKSPACE_BASE")
+
+
+def _inputs(root: str) -> dict:
+    return {"format": FORMAT, "kernelcache": __version__, "cache_dir": root, "executable": sys.executable,
+            "sys_path": list(sys.path), "variables": {name: os.environ.get(name) for name in READ}}
+
+
+def _record_path(root: str, inputs: dict) -> str:
+    name = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
+    return os.path.join(root, STATE_DIR, "served", f"{name}.json")
+
+
+def _stamp(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _stamped_paths(root: str, variables: dict[str, str]) -> list[str]:
+    state = os.path.join(root, STATE_DIR)
+    paths = [os.path.join(state, "installed"), os.path.join(state, "triton-keys"), os.path.join(root, FLASHINFER_FILES)]
+    for top, dirs, files in os.walk(os.path.join(root, FLASHINFER_FILES)):
+        dirs.sort()
+        paths += [os.path.join(top, name) for name in [top, *sorted(files)]]
+    added = variables.get("PYTHONPATH", "").split(os.pathsep)
+    return [p for p in dict.fromkeys([*paths, *sys.path, *added]) if p]
+
+
+def _usable(root: str) -> bool:
+    state = os.path.join(root, STATE_DIR)
+    return os.path.isdir(state) and os.access(root, os.W_OK) and not unfinished(state)
+
+
+def remember_served(root: str | os.PathLike, variables: dict[str, str]) -> None:
+    """Keep ``variables``, just computed for the cache dir ``root`` from this process's environment. A cache dir
+    that cannot take the record only loses the speed-up."""
+    root = cache_root(root)
+    if not _usable(root):
+        return
+    inputs = _inputs(root)
+    record = {"inputs": inputs, "stamps": [[p, _stamp(p)] for p in _stamped_paths(root, variables)],
+              "workspace": workspace_base(root, dict(os.environ)), "variables": variables}
+    path = _record_path(root, inputs)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")  # swept if left
+        with open(tmp, "w") as handle:
+            json.dump(record, handle)
+        os.replace(tmp, path)
+        _prune(os.path.dirname(path))
+    except OSError:
+        return
+
+
+def _prune(folder: str) -> None:
+    names = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".json")]
+    for stale in sorted(names, key=os.path.getmtime, reverse=True)[KEEP:]:
+        os.unlink(stale)
+
+
+def find_served(cache_dir: str | os.PathLike | None) -> dict[str, str] | None:
+    """The variables ``env`` computed for this cache dir and this process's inputs, when everything they rested
+    on holds now; None whenever they must be computed again."""
+    root = cache_root(cache_dir)
+    inputs = _inputs(root)
+    try:
+        with open(_record_path(root, inputs), "rb") as handle:
+            record = json.loads(handle.read())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("inputs") != inputs or not _usable(root):
+        return None
+    variables, stamps = record.get("variables"), record.get("stamps")
+    if not isinstance(variables, dict) or not isinstance(stamps, list) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in variables.items()):
+        return None
+    if not all(isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and _stamp(s[0]) == s[1]
+               for s in stamps):
+        return None
+    if record.get("workspace") != workspace_base(root, dict(os.environ)):
+        return None
+    return variables
