@@ -33,6 +33,7 @@ The GPU probe runs as it does for users (no KERNELCACHE_NO_GPU_PROBE).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -48,15 +49,23 @@ from pathlib import Path
 SCENARIOS = ("noop-install", "env", "cold-install", "run", "run-bundle")
 
 
+@functools.cache
+def quiet_dir() -> str:
+    """An empty directory nothing writes into while the benchmark runs."""
+    return tempfile.mkdtemp(prefix="kernelcache-bench-cwd-")
+
+
 def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     """(wall seconds, CPU seconds of the process tree) of one command, which must succeed.
 
-    It runs in the temp dir: ``python -m`` puts the working directory first on sys.path, so run from a
-    checkout it would import that checkout's kernelcache whatever PYTHONPATH says."""
+    It runs in an empty dir of its own: ``python -m`` puts the working directory first on sys.path, so run from
+    a checkout it would import that checkout's kernelcache whatever PYTHONPATH says; and ``env`` / ``run`` take
+    their kept variables only while every sys.path directory is unchanged (runtime/served.py), which the temp
+    dir, where the runs create cache dirs, never is. The console script's first entry is its bin dir."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          cwd=tempfile.gettempdir())
+                          cwd=quiet_dir())
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
@@ -102,7 +111,7 @@ class Source:
         """Refuse to measure a kernelcache other than the one named (a stray sys.path entry)."""
         probe = "import kernelcache, os; print(os.path.dirname(os.path.dirname(kernelcache.__file__)))"
         done = subprocess.run([self.python, "-c", probe], env=self.env, capture_output=True, text=True,
-                              cwd=tempfile.gettempdir())
+                              cwd=quiet_dir())
         if Path(done.stdout.strip()).resolve() != self.root:
             raise SystemExit(f"{self.label}: kernelcache is imported from {done.stdout.strip()}, not {self.root}")
 
@@ -175,7 +184,7 @@ def fingerprint_parts(source: Source, runs: int) -> str:
     rows: dict[str, dict[str, list[float]]] = {}
     for _ in range(runs):
         done = subprocess.run([source.python, "-c", PARTS], env=source.env, capture_output=True, text=True,
-                              cwd=tempfile.gettempdir())
+                              cwd=quiet_dir())
         for name, times in json.loads(done.stdout).items():
             for kind, value in times.items():
                 rows.setdefault(name, {}).setdefault(kind, []).append(value)

@@ -13,7 +13,9 @@ install left anything to finish, it is kept in ``<cache>/.kernelcache/served/<ha
   directory (an install or a removal renames a receipt in or out of it), the kept Triton keys' directory,
   every file under the cache's ``flashinfer/`` (what the sha256 check vouched for: any write moves the ctime,
   which cannot be set back), every directory on ``sys.path`` (a package installed or removed there, a new
-  FlashInfer version or a real ``flashinfer_jit_cache`` among them, changes its mtime) and every directory
+  FlashInfer version or a real ``flashinfer_jit_cache`` among them, changes its mtime; for ``python -m`` and
+  ``-c`` that includes the working directory, so only the console script, whose first entry is its bin dir,
+  gains from the record in a directory where files come and go) and every directory
   the variables put on PYTHONPATH;
 * FlashInfer's workspace choice (runtime/workspace.py), which is decided again on every use;
 * the variables.
@@ -66,7 +68,8 @@ def _stamped_paths(root: str, variables: dict[str, str]) -> list[str]:
         dirs.sort()
         paths += [os.path.join(top, name) for name in [top, *sorted(files)]]
     added = variables.get("PYTHONPATH", "").split(os.pathsep)
-    return [p for p in dict.fromkeys([*paths, *sys.path, *added]) if p]
+    searched = [p or os.getcwd() for p in sys.path]  # "": the working directory (python -c)
+    return [p for p in dict.fromkeys([*paths, *searched, *added]) if p]
 
 
 def _usable(root: str) -> bool:
