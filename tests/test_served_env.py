@@ -171,6 +171,23 @@ def test_a_bad_record_is_computed_again(served):
         mark(served)
 
 
+def test_a_change_while_they_are_computed_keeps_no_record(small_bundle, tmp_path):
+    """The stamps are taken before the variables are computed: an install that lands meanwhile (its receipt renamed
+    into installed/) leaves nothing that would vouch for variables computed without it."""
+    from kernelcache.runtime.served import find_served, remember_served, snapshot
+
+    cache = tmp_path / "c"
+    subprocess.run([sys.executable, "-m", "kernelcache", "install", str(small_bundle), "--cache-dir", str(cache),
+                    "--no-gpu-check"], env=clean_env(), check=True, capture_output=True)
+    variables = {"TRITON_CACHE_DIR": str(cache)}
+    before = snapshot(cache)
+    os.utime(cache / ".kernelcache" / "installed")
+    remember_served(cache, variables, before)
+    assert records(cache) == [] and find_served(cache) is None
+    remember_served(cache, variables, snapshot(cache))
+    assert len(records(cache)) == 1 and find_served(cache) == variables
+
+
 def test_run_is_answered_from_the_records(small_bundle, tmp_path):
     """`run` execs with the kept variables (the marker reaches the command), with --bundle only when the
     bundle's own record (cachedir/checked.py) holds too; the kernelcache process imports no computation."""

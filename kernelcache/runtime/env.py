@@ -20,7 +20,7 @@ from pathlib import Path
 from ..cachedir import CacheDir, recover, resolve_cache_dir
 from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
 from . import flashinfer
-from .served import remember_served
+from .served import remember_served, snapshot
 from .shell import shell_exports
 from .site import kernelcache_tritonkey
 
@@ -105,8 +105,9 @@ def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | Non
     check_read_only(root)
     if root.is_dir() and os.access(root, os.W_OK):
         recover(root)
+    before = snapshot(root)
     variables = environment(root)
-    remember_served(root, variables)  # the next start only checks it (served.py)
+    remember_served(root, variables, before)  # the next start only checks them (served.py)
     return root, variables
 
 

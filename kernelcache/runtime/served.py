@@ -9,7 +9,8 @@ install left anything to finish, it is kept in ``<cache>/.kernelcache/served/<ha
 * the inputs (their hash names the file): the cache dir, the interpreter and its ``sys.path``, the variables
   the computation reads (PYTHONPATH, HOME, FLASHINFER_DISABLE_JIT, FLASHINFER_WORKSPACE_BASE), kernelcache's
   version;
-* the stamps it rested on, each path's (inode, size, mtime_ns, ctime_ns) or null when absent: the receipts'
+* the stamps it rested on, taken before it was computed and checked again after (a change in between keeps no
+  record), each path's (inode, size, mtime_ns, ctime_ns) or null when absent: the receipts'
   directory (an install or a removal renames a receipt in or out of it), the kept Triton keys' directory,
   every file under the cache's ``flashinfer/`` (what the sha256 check vouched for: any write moves the ctime,
   which cannot be set back), every directory on ``sys.path`` (a package installed or removed there, a new
@@ -61,15 +62,15 @@ def _stamp(path: str) -> list[int] | None:
     return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def _stamped_paths(root: str, variables: dict[str, str]) -> list[str]:
+def _state_paths(root: str) -> list[str]:
+    """What the variables are computed from: the receipts, the kept keys, the FlashInfer files, sys.path."""
     state = os.path.join(root, STATE_DIR)
     paths = [os.path.join(state, "installed"), os.path.join(state, "triton-keys"), os.path.join(root, FLASHINFER_FILES)]
     for top, dirs, files in os.walk(os.path.join(root, FLASHINFER_FILES)):
         dirs.sort()
         paths += [os.path.join(top, name) for name in [top, *sorted(files)]]
-    added = variables.get("PYTHONPATH", "").split(os.pathsep)
     searched = [p or os.getcwd() for p in sys.path]  # "": the working directory (python -c)
-    return [p for p in dict.fromkeys([*paths, *searched, *added]) if p]
+    return [p for p in dict.fromkeys([*paths, *searched]) if p]
 
 
 def _usable(root: str) -> bool:
@@ -77,15 +78,24 @@ def _usable(root: str) -> bool:
     return os.path.isdir(state) and os.access(root, os.W_OK) and not unfinished(state)
 
 
-def remember_served(root: str | os.PathLike, variables: dict[str, str]) -> None:
-    """Keep ``variables``, just computed for the cache dir ``root`` from this process's environment. A cache dir
-    that cannot take the record only loses the speed-up."""
+def snapshot(root: str | os.PathLike) -> dict:
+    """The stamps of what the variables are computed from, and the workspace choice, taken before computing them:
+    ``remember_served`` keeps a record only if they still hold afterwards (nothing changed meanwhile)."""
     root = cache_root(root)
-    if not _usable(root):
-        return
+    return {"stamps": [[p, _stamp(p)] for p in _state_paths(root)], "workspace": workspace_base(root, dict(os.environ))}
+
+
+def remember_served(root: str | os.PathLike, variables: dict[str, str], before: dict) -> None:
+    """Keep ``variables``, computed for the cache dir ``root`` from this process's environment after ``before``
+    (``snapshot``) was taken. A cache dir that cannot take the record only loses the speed-up."""
+    root = cache_root(root)
+    if not _usable(root) or snapshot(root) != before:
+        return  # something changed while they were computed: nothing to vouch for
     inputs = _inputs(root)
-    record = {"inputs": inputs, "stamps": [[p, _stamp(p)] for p in _stamped_paths(root, variables)],
-              "workspace": workspace_base(root, dict(os.environ)), "variables": variables}
+    known = {p for p, _ in before["stamps"]}
+    added = [p for p in dict.fromkeys(variables.get("PYTHONPATH", "").split(os.pathsep)) if p and p not in known]
+    record = {"inputs": inputs, "stamps": before["stamps"] + [[p, _stamp(p)] for p in added],
+              "workspace": before["workspace"], "variables": variables}
     path = _record_path(root, inputs)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
