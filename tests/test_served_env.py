@@ -41,6 +41,11 @@ def env(cache: Path, **variables: str) -> tuple[dict, dict, subprocess.Completed
     return (json.loads(done.stdout) if report["exit"] == 0 else {}), report, done
 
 
+def install(bundle: Path, cache: Path, *flags: str, **variables: str) -> None:
+    subprocess.run([sys.executable, "-m", "kernelcache", "install", str(bundle), "--cache-dir", str(cache), *flags],
+                   env=clean_env(**variables), check=True, capture_output=True)
+
+
 def records(cache: Path) -> list[Path]:
     return sorted((cache / ".kernelcache" / "served").glob("*.json"))
 
@@ -57,8 +62,7 @@ def mark(cache: Path) -> None:
 def served(small_bundle, tmp_path) -> Path:
     """The small bundle installed into a cache dir, `env` computed once (so the record is there), then marked."""
     cache = tmp_path / "c"
-    subprocess.run([sys.executable, "-m", "kernelcache", "install", str(small_bundle), "--cache-dir", str(cache),
-                    "--no-gpu-check"], env=clean_env(), check=True, capture_output=True)
+    install(small_bundle, cache, "--no-gpu-check")
     variables, report, done = env(cache)
     assert report == {"exit": 0, "full": True} and variables["TRITON_CACHE_DIR"] == str(cache), done.stderr
     assert len(records(cache)) == 1
@@ -80,8 +84,7 @@ def exports(cache: Path) -> tuple[str, bool]:
 
 def test_its_answer_is_the_full_computations(small_bundle, tmp_path):
     cache = tmp_path / "c"
-    subprocess.run([sys.executable, "-m", "kernelcache", "install", str(small_bundle), "--cache-dir", str(cache),
-                    "--no-gpu-check"], env=clean_env(), check=True, capture_output=True)
+    install(small_bundle, cache, "--no-gpu-check")
     full, first, _ = env(cache)
     quick, second, _ = env(cache)
     assert (first["full"], second["full"]) == (True, False) and quick == full
@@ -92,8 +95,7 @@ def test_its_answer_is_the_full_computations(small_bundle, tmp_path):
 
 
 def install_another_bundle(cache: Path, bundle90: Path) -> None:
-    subprocess.run([sys.executable, "-m", "kernelcache", "install", str(bundle90), "--cache-dir", str(cache),
-                    "--no-gpu-check"], env=clean_env(), check=True, capture_output=True)
+    install(bundle90, cache, "--no-gpu-check")
 
 
 def drop_the_triton_keys(cache: Path, bundle90: Path) -> None:
@@ -139,8 +141,7 @@ def test_any_change_it_rested_on_takes_the_full_computation(small_bundle, bundle
     site.mkdir()
     home.mkdir()
     fixed = {"PYTHONPATH": str(site), "HOME": str(home)}
-    subprocess.run([sys.executable, "-m", "kernelcache", "install", str(small_bundle), "--cache-dir", str(cache),
-                    "--no-gpu-check"], env=clean_env(**fixed), check=True, capture_output=True)
+    install(small_bundle, cache, "--no-gpu-check", **fixed)
     env(cache, **fixed)
     mark(cache)
     assert env(cache, **fixed)[0][MARKER] == "1"
@@ -177,8 +178,7 @@ def test_a_change_while_they_are_computed_keeps_no_record(small_bundle, tmp_path
     from kernelcache.runtime.served import find_served, remember_served, snapshot
 
     cache = tmp_path / "c"
-    subprocess.run([sys.executable, "-m", "kernelcache", "install", str(small_bundle), "--cache-dir", str(cache),
-                    "--no-gpu-check"], env=clean_env(), check=True, capture_output=True)
+    install(small_bundle, cache, "--no-gpu-check")
     variables = {"TRITON_CACHE_DIR": str(cache)}
     before = snapshot(cache)
     os.utime(cache / ".kernelcache" / "installed")
@@ -193,8 +193,7 @@ def test_run_is_answered_from_the_records(small_bundle, tmp_path):
     bundle's own record (cachedir/checked.py) holds too; the kernelcache process imports no computation."""
     bundle, cache = tmp_path / "b.tar.zst", tmp_path / "c"
     shutil.copy(small_bundle, bundle)
-    subprocess.run([sys.executable, "-m", "kernelcache", "install", str(bundle), "--cache-dir", str(cache)],
-                   env=clean_env(), check=True, capture_output=True)
+    install(bundle, cache)
     subprocess.run([sys.executable, "-m", "kernelcache", "env", "--cache-dir", str(cache)], env=clean_env(),
                    check=True, capture_output=True)  # as run starts: the record is per interpreter and sys.path
     mark(cache)
