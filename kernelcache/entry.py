@@ -20,7 +20,6 @@ interrupted install, before they print or exec).
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 # flag -> takes a value; the options each plain form accepts (all else goes to click).
@@ -145,10 +144,7 @@ def _run(options: dict, command: list[str]) -> bool:
 
         run(command, bundle, cache_dir)
         return True  # not reached: run execs the command or raises
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        os.execvpe(command[0], command, {**os.environ, **variables})
-    except (OSError, ValueError):  # not found, not executable, a NUL in the name: click runs it and says why
-        return False
+    from .runtime.shell import exec_command
+
+    exec_command(command, variables)  # a UsageError (not found, not executable): click runs it and says why
     return True  # not reached

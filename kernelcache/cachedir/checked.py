@@ -33,7 +33,7 @@ from collections import namedtuple
 
 from .. import __version__
 from ..bundle.envscan import gpu_witness, key_digest, scan_key
-from .layout import STATE_DIR, cache_root, unfinished
+from .layout import STATE_DIR, cache_root, keep_newest, unfinished
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -81,9 +81,7 @@ def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[
     with contextlib.suppress(OSError):
         path.parent.mkdir(exist_ok=True)
         atomic_write(path, json.dumps(record).encode())
-        records = sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-        for stale in records[KEEP:]:
-            stale.unlink(missing_ok=True)
+        keep_newest(str(path.parent), KEEP)
 
 
 def find_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None,

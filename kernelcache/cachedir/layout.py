@@ -8,6 +8,9 @@ import os
 
 STATE_DIR = ".kernelcache"
 FLASHINFER_SITE_DIR = "flashinfer"  # under STATE_DIR: FlashInfer's provider registration (flashinfer_site.py)
+# Under the cache dir: installed FlashInfer modules (bundle/manifest.py's FLASHINFER_ROOT, the members' top dir;
+# the manifest sits below cachedir and cannot import this).
+FLASHINFER_MODULES_DIR = "flashinfer"
 
 
 def default_cache_root() -> str:
@@ -43,3 +46,13 @@ def _names(directory: str) -> list[str]:
         return os.listdir(directory)
     except OSError:
         return []
+
+
+def keep_newest(folder: str, keep: int) -> None:
+    """Remove all but the ``keep`` newest ``*.json`` records of ``folder`` (by mtime)."""
+    names = [os.path.join(folder, n) for n in _names(folder) if n.endswith(".json")]
+    for stale in sorted(names, key=os.path.getmtime, reverse=True)[keep:]:
+        try:
+            os.unlink(stale)
+        except FileNotFoundError:  # another process pruned it first
+            continue

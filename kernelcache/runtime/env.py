@@ -21,7 +21,7 @@ from ..cachedir import CacheDir, recover, resolve_cache_dir
 from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
 from . import flashinfer
 from .served import remember_served, snapshot
-from .shell import shell_exports
+from .shell import exec_command, shell_exports
 from .site import kernelcache_tritonkey
 
 
@@ -189,21 +189,6 @@ def run(command: Sequence[str], bundle: str | os.PathLike | None = None,
         found = CacheEnvironment(prepare(bundle, cache_dir, force)[1])
     exec_command(command, found.variables)
     return found
-
-
-def exec_command(command: Sequence[str], variables: dict[str, str]) -> None:
-    """Replace this process with ``command``, its environment updated with ``variables``."""
-    if not command:
-        raise UsageError("nothing to run: give a command after --")
-    env = {**os.environ, **variables}
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        os.execvpe(command[0], list(command), env)
-    except FileNotFoundError:
-        raise UsageError(f"command not found: {command[0]!r}") from None
-    except (OSError, ValueError) as exc:  # a directory, not executable, an empty or NUL-holding name
-        raise UsageError(f"cannot run {command[0]!r}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def _extend_sys_path(pythonpath: str) -> None:

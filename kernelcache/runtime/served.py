@@ -35,12 +35,11 @@ import os
 import sys
 
 from .. import __version__
-from ..cachedir.layout import STATE_DIR, cache_root, unfinished
+from ..cachedir.layout import FLASHINFER_MODULES_DIR, STATE_DIR, cache_root, keep_newest, unfinished
 from .workspace import workspace_base
 
 FORMAT = 1
 KEEP = 16
-FLASHINFER_FILES = "flashinfer"  # <cache>/flashinfer/: installed FlashInfer modules (bundle/manifest.py)
 READ = ("PYTHONPATH", "HOME", "FLASHINFER_DISABLE_JIT", "FLASHINFER_WORKSPACE_BASE")
 
 
@@ -64,9 +63,9 @@ def _stamp(path: str) -> list[int] | None:
 
 def _state_paths(root: str) -> list[str]:
     """What the variables are computed from: the receipts, the kept keys, the FlashInfer files, sys.path."""
-    state = os.path.join(root, STATE_DIR)
-    paths = [os.path.join(state, "installed"), os.path.join(state, "triton-keys"), os.path.join(root, FLASHINFER_FILES)]
-    for top, dirs, files in os.walk(os.path.join(root, FLASHINFER_FILES)):
+    state, modules = os.path.join(root, STATE_DIR), os.path.join(root, FLASHINFER_MODULES_DIR)
+    paths = [os.path.join(state, "installed"), os.path.join(state, "triton-keys"), modules]
+    for top, dirs, files in os.walk(modules):
         dirs.sort()
         paths += [os.path.join(top, name) for name in [top, *sorted(files)]]
     searched = [p or os.getcwd() for p in sys.path]  # "": the working directory (python -c)
@@ -96,22 +95,17 @@ def remember_served(root: str | os.PathLike, variables: dict[str, str], before: 
     added = [p for p in dict.fromkeys(variables.get("PYTHONPATH", "").split(os.pathsep)) if p and p not in known]
     record = {"inputs": inputs, "stamps": before["stamps"] + [[p, _stamp(p)] for p in added],
               "workspace": before["workspace"], "variables": variables}
-    path = _record_path(root, inputs)
+    from pathlib import Path
+
+    from ..cachedir.publish import atomic_write  # the writer is runtime/env.py, which has these imported already
+
+    path = Path(_record_path(root, inputs))
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")  # swept if left
-        with open(tmp, "w") as handle:
-            json.dump(record, handle)
-        os.replace(tmp, path)
-        _prune(os.path.dirname(path))
+        path.parent.mkdir(exist_ok=True)
+        atomic_write(path, json.dumps(record).encode())
+        keep_newest(str(path.parent), KEEP)
     except OSError:
         return
-
-
-def _prune(folder: str) -> None:
-    names = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".json")]
-    for stale in sorted(names, key=os.path.getmtime, reverse=True)[KEEP:]:
-        os.unlink(stale)
 
 
 def find_served(cache_dir: str | os.PathLike | None) -> dict[str, str] | None:
