@@ -18,31 +18,17 @@ from pathlib import Path
 
 import pytest
 from helpers.bundles import rewrite
-from helpers.common import clean_env
+from helpers.common import clean_env, entry_point
 
 from kernelcache.errors import FingerprintMismatch
 
-# The command as its console script runs it (kernelcache/entry.py), then one JSON line on stderr: its exit code
-# and which of the installer's modules (and click) it imported.
-PROBE = r"""
-import json, sys
-from kernelcache.entry import main
-sys.argv[0] = "kernelcache"
-try:
-    main()
-    code = 0
-except SystemExit as exc:
-    code = exc.code or 0
-watched = ("kernelcache.install", "kernelcache.bundle.manifest", "zstandard", "click", "triton", "torch")
-print(json.dumps({"exit": code, "imported": [m for m in watched if m in sys.modules]}), file=sys.stderr)
-"""
+# What the record's path must not import (the installer's modules and click), and what it must not need.
+WATCHED = ("kernelcache.install", "kernelcache.bundle.manifest", "zstandard", "click", "triton", "torch")
 FULL = ["kernelcache.install", "kernelcache.bundle.manifest", "zstandard", "click"]
 
 
 def cli(*args: str, **env: str) -> tuple[dict, subprocess.CompletedProcess]:
-    done = subprocess.run([sys.executable, "-c", PROBE, *args], env=clean_env(**env), capture_output=True,
-                          text=True, timeout=600)
-    return json.loads(done.stderr.strip().splitlines()[-1]), done
+    return entry_point(*args, watched=WATCHED, **env)
 
 
 def install(bundle: Path, cache: Path, *flags: str, **env: str) -> tuple[dict, subprocess.CompletedProcess]:

@@ -17,28 +17,21 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.common import clean_env
+from helpers.common import clean_env, entry_point
 
-PROBE = r"""
-import json, sys
-from kernelcache.entry import main
-sys.argv[0] = "kernelcache"
-try:
-    main()
-    code = 0
-except SystemExit as exc:
-    code = exc.code or 0
-print(json.dumps({"exit": code, "full": "kernelcache.runtime.env" in sys.modules}), file=sys.stderr)
-"""
 MARKER = "KERNELCACHE_TEST_MARKER"
 
 
 def env(cache: Path, **variables: str) -> tuple[dict, dict, subprocess.CompletedProcess]:
     """(variables printed, {exit, full}, the process) of ``kernelcache env --cache-dir cache --json``."""
-    done = subprocess.run([sys.executable, "-c", PROBE, "env", "--cache-dir", str(cache), "--json"],
-                          env=clean_env(**variables), capture_output=True, text=True, timeout=600)
-    report = json.loads(done.stderr.strip().splitlines()[-1])
+    report, done = probe("env", "--cache-dir", str(cache), "--json", **variables)
     return (json.loads(done.stdout) if report["exit"] == 0 else {}), report, done
+
+
+def probe(*args: str, **variables: str) -> tuple[dict, subprocess.CompletedProcess]:
+    """({exit, full}, the process): full says whether the full computation (runtime/env.py) ran."""
+    found, done = entry_point(*args, watched=("kernelcache.runtime.env",), **variables)
+    return {"exit": found["exit"], "full": found["imported"] == ["kernelcache.runtime.env"]}, done
 
 
 def install(bundle: Path, cache: Path, *flags: str, **variables: str) -> None:
@@ -77,9 +70,9 @@ def test_the_next_env_is_the_record(served):
 
 
 def exports(cache: Path) -> tuple[str, bool]:
-    done = subprocess.run([sys.executable, "-c", PROBE, "env", "--cache-dir", str(cache)], env=clean_env(),
-                          capture_output=True, text=True, check=True)
-    return done.stdout, json.loads(done.stderr.strip().splitlines()[-1])["full"]
+    report, done = probe("env", "--cache-dir", str(cache))
+    assert report["exit"] == 0, done.stderr
+    return done.stdout, report["full"]
 
 
 def test_its_answer_is_the_full_computations(small_bundle, tmp_path):
@@ -216,3 +209,10 @@ def test_a_missing_command_is_said_as_before(served):
     done = subprocess.run([sys.executable, "-m", "kernelcache", "run", "--cache-dir", str(served), "--",
                            "no-such-command-here"], env=clean_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 2 and "command not found: 'no-such-command-here'" in done.stderr
+
+
+def test_the_stamped_flashinfer_dir_is_where_bundles_put_modules():
+    from kernelcache.bundle.manifest import FLASHINFER_ROOT
+    from kernelcache.cachedir.layout import FLASHINFER_MODULES_DIR
+
+    assert FLASHINFER_MODULES_DIR == FLASHINFER_ROOT

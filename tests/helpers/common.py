@@ -38,6 +38,29 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# The kernelcache command as its console script runs it (kernelcache/entry.py), then one JSON line on stderr: its
+# exit code and which of the WATCHED modules it imported.
+ENTRY_PROBE = r"""
+import json, sys
+from kernelcache.entry import main
+sys.argv[0] = "kernelcache"
+try:
+    main()
+    code = 0
+except SystemExit as exc:
+    code = exc.code or 0
+print(json.dumps({"exit": code, "imported": [m for m in WATCHED if m in sys.modules]}), file=sys.stderr)
+"""
+
+
+def entry_point(*args: str, watched: tuple[str, ...], **env: str) -> tuple[dict, subprocess.CompletedProcess]:
+    """({exit, imported}, the process) of ``kernelcache ARGS`` in a fresh process with ``clean_env(**env)``."""
+    probe = ENTRY_PROBE.replace("WATCHED", repr(watched))
+    done = subprocess.run([sys.executable, "-c", probe, *args], env=clean_env(**env), capture_output=True,
+                          text=True, timeout=600)
+    return json.loads(done.stderr.strip().splitlines()[-1]), done
+
+
 def run_job(workdir: Path, cache_dir: Path, capability: int, tasks=(TESTKERNELS,), sm_count: int = 132,
             env: dict | None = None, prebuild: bool = True) -> tuple[dict, list[dict]]:
     """Run one exercise worker; return its result and its compile log."""
