@@ -12,9 +12,9 @@ an ``InstallPlan`` that says what would happen and why a bundle would be refused
    and temporary files;
 2. returns at once if another process installed the same bundle meanwhile;
 3. extracts into ``<cache>/.kernelcache/staging/`` (same filesystem), verifying every member's
-   size and sha256 before anything is renamed;
-4. checks each Triton group file and rewrites it to the final absolute paths;
-5. writes, before publishing anything, a journal of the entries to publish and the receipt under a
+   size and sha256 before anything is renamed; each Triton group file is checked and written
+   pointing at the final absolute paths;
+4. writes, before publishing anything, a journal of the entries to publish and the receipt under a
    pending name (so the publish step allocates no space); renames each entry into place (a whole
    directory in one ``rename`` where the key is new; file by file, group file last, where Triton
    left a partial one; complete entries already there are left alone); renames the receipt into
@@ -32,6 +32,7 @@ cache is as it was.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -164,6 +165,11 @@ def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None 
         root = resolve_cache_dir(cache_dir)
         digest = archive.bundle_digest(manifest, member, known=lambda d: CacheDir(root).receipt_path(d).is_file())
         plan = plan_install_manifest(path, manifest, root, force, check_gpu, lim, probe, digest)
+        if plan.blocking and not force:
+            # Only the manifest was read: a damaged file whose manifest still parses must be refused as
+            # damaged, not as built for another environment. (An accepted bundle is checked by extracting it.)
+            for _ in archive.iter_members(path, lim):
+                pass
         return replace(plan, gpu=witness, identity=identity)
     finally:
         if probe is not None:
@@ -314,8 +320,7 @@ def _install_locked(plan: InstallPlan, cache: CacheDir) -> tuple[int, int]:
     staging = cache.state / "staging" / f"{plan.digest[:16]}-{os.getpid()}"
     journal = cache.journal_path(plan.digest)
     try:
-        archive.extract(plan.bundle, staging, plan.limits)
-        _relocate_groups(plan.manifest, staging, plan.cache_dir)
+        archive.extract(plan.bundle, staging, plan.limits, rewrite=relocated_groups(plan.manifest, plan.cache_dir))
         entries = entry_dirs(plan.manifest)
         receipt = Receipt(plan.digest, plan.manifest, tuple(entries), str(plan.bundle), str(plan.cache_dir),
                           time.time(), os.getpid())
@@ -364,27 +369,29 @@ def _undo(moved: list[tuple[Path, Path]]) -> bool:
     return True
 
 
-def _relocate_groups(manifest: Manifest, staging: Path, cache_dir: Path) -> None:
-    """Check every group file and point its children at the final absolute paths (Triton's group files
-    name their children by absolute path, so a moved cache would miss)."""
-    for kernel in manifest.kernels:
-        group = staging / kernel.key / f"__grp__{kernel.name}.json"
-        present = {os.path.basename(f.path) for f in kernel.files}
-        children = _group_children(group, kernel)
-        final = {}
-        for name, rel in children.items():
-            base = os.path.basename(rel)
-            if base not in present or base.startswith("__grp__"):
-                raise EntryError(f"group file of kernel {kernel.name} ({kernel.key}) names {rel!r}, not in its entry")
-            final[name] = str(cache_dir / kernel.key / base)
-        if f"{kernel.name}.json" not in final:
-            raise EntryError(f"group file of kernel {kernel.name} ({kernel.key}) does not list {kernel.name}.json")
-        group.write_text(json.dumps({"child_paths": final}))
+def relocated_groups(manifest: Manifest, cache_dir: Path) -> dict[str, Callable[[bytes], bytes]]:
+    """What each kernel's group file becomes on disk: checked, and its children pointed at their final
+    absolute paths (Triton's group files name their children by absolute path, so a moved cache would miss).
+    Applied by the extraction while the file is in memory."""
+    return {f"{k.key}/__grp__{k.name}.json": functools.partial(_relocated, k, cache_dir) for k in manifest.kernels}
 
 
-def _group_children(group: Path, kernel: Kernel) -> dict[str, str]:
+def _relocated(kernel: Kernel, cache_dir: Path, data: bytes) -> bytes:
+    present = {os.path.basename(f.path) for f in kernel.files}
+    final = {}
+    for name, rel in _group_children(data, kernel).items():
+        base = os.path.basename(rel)
+        if base not in present or base.startswith("__grp__"):
+            raise EntryError(f"group file of kernel {kernel.name} ({kernel.key}) names {rel!r}, not in its entry")
+        final[name] = str(cache_dir / kernel.key / base)
+    if f"{kernel.name}.json" not in final:
+        raise EntryError(f"group file of kernel {kernel.name} ({kernel.key}) does not list {kernel.name}.json")
+    return json.dumps({"child_paths": final}).encode()
+
+
+def _group_children(data: bytes, kernel: Kernel) -> dict[str, str]:
     try:
-        children = json.loads(group.read_text())["child_paths"]
+        children = json.loads(data)["child_paths"]
     except (ValueError, KeyError, TypeError) as exc:
         raise EntryError(f"group file of kernel {kernel.name} ({kernel.key}) is malformed: {exc!r}") from None
     if not isinstance(children, dict) or not all(isinstance(v, str) for v in children.values()):

@@ -9,20 +9,22 @@ appeared outside the cache (where an escaping member would have landed).
 
 from __future__ import annotations
 
+import copy
 import json
+import threading
 from pathlib import Path
 
 import pytest
 import zstandard
 from click.testing import CliRunner
 from helpers.common import kc, tree
-from helpers.hostile import CASES, Base, Case, flips, load_base
+from helpers.hostile import CASES, Base, Case, flips, load_base, regular
 from helpers.hostile import bundle as hostile_bundle
 
 from kernelcache.bundle import archive
 from kernelcache.cachedir import STATE_DIR
 from kernelcache.cli import main
-from kernelcache.errors import BundleError
+from kernelcache.errors import BundleError, FingerprintMismatch, IntegrityError
 
 BUNDLE_CODES = {cls.exit_code for cls in BundleError.__subclasses__()}
 FOREIGN = "F" * 52  # an entry Triton wrote before the install; it must survive untouched
@@ -87,6 +89,7 @@ def test_hostile_bundle_is_refused_and_leaves_nothing(case, base, tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kernelcache: error: "), result.stderr
     sandbox.assert_untouched()
+    assert not [t for t in threading.enumerate() if t.name.startswith("kernelcache-")]  # read-ahead stopped
 
 
 def test_every_failure_class_has_its_own_exit_code():
@@ -109,6 +112,24 @@ def test_refusal_as_a_separate_process(name, base, tmp_path):
     assert done.returncode == case.error.exit_code, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     sandbox.assert_untouched()
+
+
+def test_a_damaged_bundle_built_elsewhere_is_refused_as_damaged(base, tmp_path):
+    """Planning reads only the manifest. When it finds the bundle was built for another environment, the
+    rest of the file is checked before saying so: a damaged file is reported as damaged (its own exit code),
+    an intact one as a mismatch."""
+    elsewhere = copy.deepcopy(base.manifest)
+    elsewhere["environment"]["platform"] = "aarch64-linux"
+    name, data = base.member(".cubin")
+    damaged = [(n, bytes([d[0] ^ 1]) + d[1:] if n == name else d) for n, d in base.members]
+    for label, members, error in (("intact", base.members, FingerprintMismatch),
+                                  ("damaged", damaged, IntegrityError)):
+        sandbox = Sandbox(tmp_path / label)
+        path = tmp_path / f"{label}.tar.zst"
+        path.write_bytes(hostile_bundle(base, elsewhere, [regular(n, d) for n, d in members]))
+        result = sandbox.install(path)
+        assert result.exit_code == error.exit_code, (label, result.stderr)
+        sandbox.assert_untouched()
 
 
 FLIPS = 200

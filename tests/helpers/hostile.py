@@ -365,7 +365,9 @@ CASES: list[Case] = [
     Case("pax-header-bomb-before-manifest", LimitExceededError, _pax_bomb(True)),
     Case("pax-header-bomb-after-manifest", LimitExceededError, _pax_bomb(False)),
     Case("pax-header-chain-before-manifest", BundleFormatError, _header_chain(True)),
-    Case("pax-header-chain-after-manifest", BundleFormatError, _header_chain(False)),
+    # After the manifest the cap on what a tar of its members can take stops the chain about 100 headers in,
+    # before tarfile's recursion would (the cap holds to the byte: each read asks zstd for no more than is left).
+    Case("pax-header-chain-after-manifest", LimitExceededError, _header_chain(False)),
     Case("over-total-limit", LimitExceededError, _valid, {"--max-total": "16K"}),
     Case("over-member-limit", LimitExceededError, _valid, {"--max-member": "4K"}),
     Case("over-member-count-limit", LimitExceededError, _valid, {"--max-members": "4"}),
