@@ -14,7 +14,12 @@ interleave the sources, so a load that changes during the run weighs on each ali
 * ``cold-install``: ``install B`` into a fresh cache dir: extraction, publishing and the first
   fingerprint (libtriton.so is in the page cache after the first run);
 * ``run``, ``run-bundle``: ``run [--bundle B] --cache-dir D -- /bin/true``, reported as the time
-  added to ``/bin/true`` run directly (``exec``), measured in the same rounds.
+  added to ``/bin/true`` run directly (``exec``), measured in the same rounds;
+* ``unpack-floor`` (where ``zstd`` and ``tar`` are installed): ``zstd -dc B | tar -x -C D`` into a fresh
+  dir, the same bytes and files as a cold install without any check: what the file system and the
+  decompression alone cost on this machine, which a cold install cannot go below. Cache dirs are made
+  under ``$TMPDIR``: run with ``TMPDIR`` on the file system a pod's cache dir would be on (a disk, or a
+  memory-backed emptyDir such as /dev/shm).
 
 By default the commands run under a bare venv whose one ``.pth`` line names ``--python``'s site-packages:
 kernelcache comes from the source tree as it would from an installed wheel, and the packages are
@@ -47,6 +52,7 @@ import time
 from pathlib import Path
 
 SCENARIOS = ("noop-install", "env", "cold-install", "run", "run-bundle")
+FLOOR = "unpack-floor"  # `zstd -dc B | tar -x -C D`: the same bytes and files, no checks, no Python
 
 
 @functools.cache
@@ -87,12 +93,23 @@ class Source:
         return [self.python, "-m", "kernelcache", *args]
 
     def prepare(self) -> None:
-        # Byte-compiled as pip compiles an installed package: a source tree under PYTHONDONTWRITEBYTECODE=1
-        # would otherwise compile every module on every run.
-        subprocess.run([self.python, "-m", "compileall", "-q", str(self.root / "kernelcache")], check=True)
+        # Byte-compiled as pip compiles what it installs: kernelcache's tree, and the packages it imports where
+        # they were installed without .pyc files (uv's default; a box with PYTHONDONTWRITEBYTECODE=1 never writes
+        # them), which would otherwise be compiled again by every command.
+        subprocess.run([self.python, "-m", "compileall", "-q", str(self.root / "kernelcache"), *self.imported()],
+                       check=True, env=self.env, cwd=quiet_dir())
         shutil.rmtree(self.work, ignore_errors=True)
         self.work.mkdir(parents=True)
         timed(self.kc("install", str(self.bundle), "--cache-dir", str(self.installed)), self.env)
+
+    def imported(self) -> list[str]:
+        """The files of the installed packages the pod-start commands import (click, filelock, zstandard...)."""
+        probe = ("import sys, kernelcache.cli, kernelcache.install, kernelcache.entry, kernelcache.runtime.env\n"
+                 "print('\\n'.join(m.__file__ for m in list(sys.modules.values())\n"
+                 "                if getattr(m, '__file__', None) and m.__file__.endswith('.py')))")
+        done = subprocess.run([self.python, "-c", probe], env=self.env, capture_output=True, text=True,
+                              cwd=quiet_dir(), check=True)
+        return [f for f in done.stdout.split() if "site-packages" in f or "dist-packages" in f]
 
     def argv(self, scenario: str) -> list[str]:
         installed = str(self.installed)
@@ -105,6 +122,10 @@ class Source:
             return self.kc("install", str(self.bundle), "--cache-dir", str(self.work / f"cold{self.cold}"))
         if scenario == "run":
             return self.kc("run", "--cache-dir", installed, "--", "/bin/true")
+        if scenario == FLOOR:
+            self.cold += 1
+            out = self.work / f"cold{self.cold}"
+            return ["sh", "-c", f"mkdir -p '{out}' && zstd -qdc '{self.bundle}' | tar -x -C '{out}'"]
         return self.kc("run", "--bundle", str(self.bundle), "--cache-dir", installed, "--", "/bin/true")
 
     def check_imported(self) -> None:
@@ -126,28 +147,35 @@ def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "p25": q[0], "p75": q[2], "min": min(values), "max": max(values)}
 
 
+def scenarios() -> tuple[str, ...]:
+    """The scenarios, and the unpack floor where zstd and tar are on PATH."""
+    return (*SCENARIOS, FLOOR) if shutil.which("zstd") and shutil.which("tar") else SCENARIOS
+
+
 def measure(sources: list[Source], runs: int) -> dict:
-    results: dict = {s.label: {k: {"wall": [], "cpu": []} for k in (*SCENARIOS, "direct")} for s in sources}
+    names = scenarios()
+    results: dict = {s.label: {k: {"wall": [], "cpu": []} for k in (*names, "direct")} for s in sources}
     for _ in range(runs):
         for source in sources:
-            for scenario in SCENARIOS:
+            for scenario in names:
                 wall, cpu = timed(source.argv(scenario), source.env)
                 results[source.label][scenario]["wall"].append(wall)
                 results[source.label][scenario]["cpu"].append(cpu)
             wall, cpu = timed(["/bin/true"], source.env)
             results[source.label]["direct"]["wall"].append(wall)
             results[source.label]["direct"]["cpu"].append(cpu)
-            shutil.rmtree(source.work / f"cold{source.cold}", ignore_errors=True)
+            for cold in source.work.glob("cold*"):
+                shutil.rmtree(cold, ignore_errors=True)
     return results
 
 
 def render(results: dict, runs: int) -> str:
     lines = ["| source | scenario | median wall (ms) | IQR (ms) | min-max (ms) | median CPU (ms) |",
              "| --- | --- | --- | --- | --- | --- |"]
-    for label, scenarios in results.items():
-        direct = statistics.median(scenarios["direct"]["wall"])
-        for name in SCENARIOS:
-            wall, cpu = summary(scenarios[name]["wall"]), statistics.median(scenarios[name]["cpu"])
+    for label, rows in results.items():
+        direct = statistics.median(rows["direct"]["wall"])
+        for name in scenarios():
+            wall, cpu = summary(rows[name]["wall"]), statistics.median(rows[name]["cpu"])
             shift = direct if name.startswith("run") else 0.0
             note = " (added to /bin/true)" if shift else ""
             lines.append(f"| {label} | {name}{note} | **{(wall['median'] - shift) * 1e3:.0f}** | "
