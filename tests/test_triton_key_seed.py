@@ -150,7 +150,7 @@ def served(python: str, cache: Path, *, read_only: bool = False) -> dict:
 def test_a_served_process_takes_the_kept_key_and_never_reads_libtriton(bundle90, tmp_path):
     cache = tmp_path / "c"
     kc("install", str(bundle90), "--cache-dir", str(cache), "--no-gpu-check", check=True)
-    [record] = (cache / ".kernelcache" / "triton-keys").glob("*.json")
+    [record] = (cache / ".kernelcache" / "triton-keys").glob("[0-9a-f]*.json")  # beside tool-outputs.json
     variables = json.loads(kc("env", "--cache-dir", str(cache), "--json", check=True).stdout)
     assert variables[tk.ENV_VAR] == str(record.parent)
     assert variables["PYTHONPATH"].split(os.pathsep)[0] == str(SITE)
@@ -169,7 +169,7 @@ def test_a_kept_key_that_lies_is_used_only_while_the_files_hold(bundle90, tmp_pa
     (test_fingerprint_cache swaps a real Triton)."""
     cache = tmp_path / "c"
     kc("install", str(bundle90), "--cache-dir", str(cache), "--no-gpu-check", check=True)
-    [record] = (cache / ".kernelcache" / "triton-keys").glob("*.json")
+    [record] = (cache / ".kernelcache" / "triton-keys").glob("[0-9a-f]*.json")  # beside tool-outputs.json
     data = json.loads(record.read_text())
     record.write_text(json.dumps({**data, "triton_key": "lie"}))
     assert served(sys.executable, cache)["equal"] is False

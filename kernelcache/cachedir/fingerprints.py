@@ -11,7 +11,9 @@ A record that cannot be read is ignored; the newest ``KEEP`` are kept.
 
 ``<cache>/.kernelcache/triton-keys/`` keeps, beside them, the ``triton_key()`` value itself, which a served
 process takes instead of hashing libtriton.so again while Triton's files are unchanged
-(runtime/site/kernelcache_tritonkey.py, the only reader).
+(runtime/site/kernelcache_tritonkey.py, the only reader), and what Triton's tool queries (``ptxas --version``,
+``ldconfig -p``) print, which served processes take instead of running them while their files hold
+(runtime/site/kernelcache_outputs.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from ..bundle.envkey import EnvironmentKey, KnownEnvironment
 from ..bundle.envscan import package_dir
-from ..runtime.site import kernelcache_tritonkey
+from ..runtime.site import kernelcache_outputs, kernelcache_tritonkey
 from .publish import atomic_write
 from .state import CacheDir
 
@@ -77,6 +79,7 @@ def save_triton_key(cache: CacheDir, key: EnvironmentKey, known: str | None = No
     with contextlib.suppress(OSError):
         value = known if known is not None else module.triton_key()
         kernelcache_tritonkey.save_key(os.fspath(cache.triton_keys), root, value, files)
+        kernelcache_outputs.keep(os.fspath(cache.triton_keys), kernelcache_outputs.triton_commands(list(key.ptxas)))
 
 
 def seed_triton_key(cache: CacheDir) -> None:

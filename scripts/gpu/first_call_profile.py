@@ -57,6 +57,8 @@ def child(scenario: str, vocab: int) -> dict:
 
     compiler.triton_key = timed_key
     torch.cuda.synchronize()
+    spawned: list[list[str]] = []  # the commands the first call starts (the subprocess.Popen audit event)
+    sys.addaudithook(lambda event, a: spawned.append([str(x) for x in a[1]]) if event == "subprocess.Popen" else None)
     profile = cProfile.Profile()
     mark = time.perf_counter()
     profile.enable()
@@ -68,14 +70,16 @@ def child(scenario: str, vocab: int) -> dict:
     step()
     torch.cuda.synchronize()
     second = time.perf_counter() - mark
-    return {"first_call": first, "second_call": second, "triton_key": spent["triton_key"], "top": _top(profile)}
+    return {"first_call": first, "second_call": second, "triton_key": spent["triton_key"], "spawned": spawned,
+            "top": _top(profile)}
 
 
-def _top(profile: cProfile.Profile, count: int = 30) -> list[dict]:
+def _top(profile: cProfile.Profile, count: int = 40) -> list[dict]:
+    """The ``count`` functions with the most cumulative time, then the 20 with the most time of their own."""
     stats = pstats.Stats(profile, stream=io.StringIO())
     rows = [{"function": f"{Path(file).name}:{line}:{name}", "calls": nc, "tottime": round(tt, 4),
              "cumtime": round(ct, 4)} for (file, line, name), (_, nc, tt, ct, _) in stats.stats.items()]
-    return sorted(rows, key=lambda r: -r["cumtime"])[:count]
+    return sorted(rows, key=lambda r: -r["cumtime"])[:count] + sorted(rows, key=lambda r: -r["tottime"])[:20]
 
 
 def prepare(mode: str, scenario: str, vocab: int, bundle: str, root: Path) -> Path:
@@ -110,12 +114,13 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=100352)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", default="profile.json")
+    parser.add_argument("--modes", default="bundle,seeded,warm", help="comma-separated, of bundle, seeded, warm")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.vocab)))
         return 0
     root = Path(tempfile.mkdtemp(prefix="kc-profile-"))
-    pairs = [(m, s) for m in ("bundle", "seeded", "warm") for s in ("mrv1", "mrv2")]
+    pairs = [(m, s) for m in args.modes.split(",") for s in ("mrv1", "mrv2")]
     with ThreadPoolExecutor(len(pairs)) as pool:
         caches = dict(zip(pairs, pool.map(lambda p: prepare(*p, args.vocab, args.bundle, root), pairs)))
     rows = []

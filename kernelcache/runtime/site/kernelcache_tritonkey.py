@@ -204,10 +204,10 @@ class AfterImport:
     """Let module ``name`` load normally, then call ``then(module)`` (once). Also sitecustomize's hook.
 
     A meta path finder by its ``find_spec`` alone (importlib.abc's base class would cost every no-op install the
-    import of importlib.resources)."""
+    import of importlib.resources). ``tag`` names what ``then`` does, so the same hook is not set twice."""
 
-    def __init__(self, name, then):
-        self.name, self.then = name, then
+    def __init__(self, name, then, tag: str = ""):
+        self.name, self.then, self.tag = name, then, tag
 
     def find_spec(self, name, path=None, target=None):
         if name != self.name:
@@ -230,9 +230,22 @@ CACHE_MODULE = "triton.runtime.cache"
 
 
 def seed_on_import(folder: str) -> None:
-    """Seed ``triton.runtime.cache`` in this process: now if it is imported, else when it is."""
-    module = sys.modules.get(CACHE_MODULE)
-    if module is not None:
-        seed(module, folder)
-    elif not any(isinstance(f, AfterImport) and f.name == CACHE_MODULE for f in sys.meta_path):
-        sys.meta_path.insert(0, AfterImport(CACHE_MODULE, functools.partial(seed, folder=folder)))
+    """Seed this process from ``folder``: ``triton.runtime.cache``'s key, and the kept tool outputs of Triton's
+    modules (kernelcache_outputs); each module now if it is imported, else when it is."""
+    outputs = _outputs_module()
+    hooks = [(CACHE_MODULE, functools.partial(seed, folder=folder), "triton_key")]
+    hooks += [(name, functools.partial(outputs.seed, folder=folder), "outputs") for name in outputs.MODULES]
+    for name, then, tag in hooks:
+        module = sys.modules.get(name)
+        if module is not None:
+            then(module)
+        elif not any(isinstance(f, AfterImport) and (f.name, f.tag) == (name, tag) for f in sys.meta_path):
+            sys.meta_path.insert(0, AfterImport(name, then, tag))
+
+
+def _outputs_module():
+    try:
+        from . import kernelcache_outputs  # imported as kernelcache.runtime.site.kernelcache_tritonkey
+    except ImportError:
+        import kernelcache_outputs  # imported from the served site dir, as sitecustomize does
+    return kernelcache_outputs

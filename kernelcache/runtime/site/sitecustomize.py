@@ -5,7 +5,9 @@
   (imported only when a compile happens), which gives the miss log each missed kernel's specialization.
 * Triton key (``KERNELCACHE_TRITON_KEYS`` set, as ``env`` / ``run`` do for a cache that keeps one): once
   ``triton.runtime.cache`` is imported, ``triton_key()`` returns the value the install computed while
-  Triton's files are unchanged, instead of hashing libtriton.so again (``kernelcache_tritonkey``).
+  Triton's files are unchanged, instead of hashing libtriton.so again (``kernelcache_tritonkey``); and once
+  Triton's knobs, nvidia compiler and driver modules are imported, their ``ptxas --version`` and
+  ``ldconfig -p`` runs return what the install recorded while the files behind them hold (``kernelcache_outputs``).
 * Compile log (``KERNELCACHE_COMPILE_LOG`` set, as ``capture`` does): once ``triton`` is imported,
   every compile() (hit or miss) and every gcc build of a Triton helper module is appended to the log.
 
