@@ -7,8 +7,9 @@ first call then runs under cProfile; the result is its wall time, the second cal
 Triton's ``triton_key()`` (hashing libtriton) and in its driver's first initialisation, and the top
 functions by cumulative time. Modes: ``bundle`` (installed with kernelcache at a fresh path, served with
 only ``TRITON_CACHE_DIR`` set), ``seeded`` (the same, served with the variables ``kernelcache env`` gives:
-its site dir and the install's kept ``triton_key()``) and ``warm`` (the Triton cache a cold process of the
-same scenario left, at its own path).
+its site dir, the install's kept ``triton_key()`` and tool outputs), ``keyonly`` (the same without the kept tool
+outputs: Triton runs ``ptxas --version`` and ``ldconfig -p`` itself) and ``warm`` (the Triton cache a cold
+process of the same scenario left, at its own path).
 
     python scripts/gpu/first_call_profile.py --bundle B.tar.zst --vocab 100352 --runs 3 --out profile.json
 """
@@ -85,9 +86,11 @@ def _top(profile: cProfile.Profile, count: int = 40) -> list[dict]:
 def prepare(mode: str, scenario: str, vocab: int, bundle: str, root: Path) -> Path:
     cache = Path(tempfile.mkdtemp(prefix=f"{mode}-{scenario}-", dir=root))
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "VLLM_USE_FLASHINFER_SAMPLER": "0"}
-    if mode in ("bundle", "seeded"):
+    if mode in ("bundle", "seeded", "keyonly"):
         subprocess.run([sys.executable, "-m", "kernelcache", "install", bundle, "--cache-dir", str(cache)],
                        check=True, env=env, capture_output=True)
+        if mode == "keyonly":  # the kept triton_key() alone: Triton runs ptxas --version and ldconfig -p itself
+            (cache / ".kernelcache" / "triton-keys" / "tool-outputs.json").unlink()
     else:  # a cold process fills the cache, as a plain warm Triton cache would be
         subprocess.run([sys.executable, __file__, "--child", scenario, "--vocab", str(vocab)], check=True, env=env,
                        capture_output=True)
@@ -96,7 +99,7 @@ def prepare(mode: str, scenario: str, vocab: int, bundle: str, root: Path) -> Pa
 
 def run(mode: str, scenario: str, vocab: int, cache: Path) -> dict:
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "VLLM_USE_FLASHINFER_SAMPLER": "0"}
-    if mode == "seeded":
+    if mode in ("seeded", "keyonly"):
         found = subprocess.run([sys.executable, "-m", "kernelcache", "env", "--cache-dir", str(cache), "--json"],
                                check=True, env=env, capture_output=True, text=True)
         env.update(json.loads(found.stdout))
@@ -114,7 +117,8 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=100352)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", default="profile.json")
-    parser.add_argument("--modes", default="bundle,seeded,warm", help="comma-separated, of bundle, seeded, warm")
+    parser.add_argument("--modes", default="bundle,seeded,warm",
+                        help="comma-separated, of bundle, seeded, keyonly, warm")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.vocab)))
