@@ -412,7 +412,12 @@ class _open_tar:
 
     def read_verified(self, info: tarfile.TarInfo, record: FileRecord) -> bytes:
         """A member's bytes, whole (one read: for members up to ``CHUNK`` and the manifest)."""
-        data = self._chunk(self.tar.extractfile(info), info, -1)
+        if self.stream.pos == info.offset_data:  # where its bytes start: read there, as extractfile would
+            data = self._chunk(self.stream, info, info.size)
+            if len(data) != info.size:  # what extractfile's reader raises
+                raise BundleFormatError(f"truncated or corrupt tar stream in {info.name!r}: unexpected end of data")
+        else:
+            data = self._chunk(self.tar.extractfile(info), info, -1)
         if len(data) != info.size:
             raise BundleFormatError(f"truncated member {info.name!r}")
         if hashlib.sha256(data).hexdigest() != record.sha256:
