@@ -52,17 +52,21 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except FingerprintMismatch as exc:
-            _differences_table(exc.differences)
-            _fail(exc)
-        except KernelcacheError as exc:
-            _fail(exc)
-        except OSError as exc:  # a file-system error no command mapped itself: still one line, exit 40
-            where = f"{exc.filename}: " if exc.filename else ""
-            _fail(StorageError(f"{where}{exc.strerror or exc}"))
+        except (KernelcacheError, OSError) as exc:
+            fail(exc)
         except KeyboardInterrupt:
             err.print("kernelcache: interrupted", markup=False)
             sys.exit(130)
+
+
+def fail(exc: KernelcacheError | OSError) -> None:
+    """Say why a command failed and exit with its code (the entry point's plain forms end here too)."""
+    if isinstance(exc, FingerprintMismatch):
+        _differences_table(exc.differences)
+    if isinstance(exc, OSError):  # a file-system error no command mapped itself: still one line, exit 40
+        where = f"{exc.filename}: " if exc.filename else ""
+        exc = StorageError(f"{where}{exc.strerror or exc}")
+    _fail(exc)
 
 
 def _terminate_cleanly() -> None:

@@ -4,17 +4,19 @@
 work of a no-op install (~30 ms on 2 cores). This module recognises, with the standard library, exactly
 these forms and calls the same Python API the click commands call:
 
-* ``install BUNDLE [--cache-dir D] [--no-gpu-check] [--json]`` of a bundle file this cache dir accepted
-  before under what holds now (cachedir/checked.py): the no-op answer, without the installer;
+* ``install BUNDLE [--cache-dir D] [--no-gpu-check] [--json]``: of a bundle file this cache dir accepted
+  before under what holds now (cachedir/checked.py), the no-op answer, without the installer; else the
+  install itself, as ``cli.install`` makes it (the same API call and output; its errors are said by
+  ``cli.fail``, exactly as the click command says them, and never run again through click);
 * ``env [--cache-dir D] [--json]``: the variables kept by the last computation when everything they rested on
   holds (runtime/served.py), else ``runtime.env.env``;
 * ``run [--bundle B] [--cache-dir D] [--] COMMAND...``: exec COMMAND with those kept variables (with ``--bundle``,
   only when that bundle's no-op is answered from its record too), else ``runtime.env.run``.
 
-Anything else (another verb or option, ``--help``, a bundle that needs the installer) and any error goes to
-the click CLI (cli.py), which parses the arguments itself and renders errors and tables as always; a failed
-call there repeats nothing that was not idempotent (``env`` and ``run`` only read, or finish an
-interrupted install, before they print or exec).
+Anything else (another verb or option, ``--help``, a ``--cache-dir`` click's parser refuses) and any error
+before an install starts goes to the click CLI (cli.py), which parses the arguments itself and renders errors
+and tables as always; a failed call there repeats nothing that was not idempotent (``env`` and ``run`` only
+read, or finish an interrupted install, before they print or exec).
 """
 
 from __future__ import annotations
@@ -91,18 +93,51 @@ def _install(options: dict, positionals: list[str]) -> bool:
         return False
     from .cachedir.checked import find_checked
 
-    found = find_checked(positionals[0], options.get("--cache-dir"), not options.get("--no-gpu-check"))
+    cache_dir, check_gpu = options.get("--cache-dir"), not options.get("--no-gpu-check")
+    found = find_checked(positionals[0], cache_dir, check_gpu)
     if found is None:
-        return False
+        return _install_now(positionals[0], cache_dir, check_gpu, bool(options.get("--json")))
     root, digest, warnings = found
-    for warning in warnings:  # as the installer says them (never FORCED ones: a forced install is not kept)
-        print(f"warning: {warning}", file=sys.stderr)
-    if options.get("--json"):  # InstallResult.to_dict() of a no-op, less its warnings, as cli.py prints it
-        print(json.dumps({"cache_dir": str(root), "digest": digest, "action": "already-installed", "written": 0,
-                          "present": 0, "seconds": 0.0}, indent=1))
-    else:
-        print(f"already installed in {root} (digest {digest[:16]})")
+    _render_install({"cache_dir": str(root), "digest": digest, "action": "already-installed", "written": 0,
+                     "present": 0, "seconds": 0.0, "warnings": list(warnings)}, bool(options.get("--json")))
     return True
+
+
+def _install_now(bundle: str, cache_dir: str | None, check_gpu: bool, as_json: bool) -> bool:
+    """What ``cli.install`` does with these options, without click: the same API call, output and errors (an
+    error is said by ``cli.fail``, which loads click then). False, for click, where click's parser would refuse
+    the arguments: a ``--cache-dir`` that exists and is not a directory (``click.Path(file_okay=False)``)."""
+    import os
+
+    if cache_dir is not None and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
+        return False
+    from .errors import KernelcacheError
+
+    try:
+        from .bundle.archive import Limits
+        from .install import install
+
+        limits = Limits.from_env()  # as cli.make_limits, with no --max-* flags
+        result = install(bundle, cache_dir, force=False, check_gpu=check_gpu, limits=limits).to_dict()
+    except (KernelcacheError, OSError) as exc:
+        from .cli import fail
+
+        fail(exc)  # exits
+    _render_install(result, as_json)
+    return True
+
+
+def _render_install(result: dict, as_json: bool) -> None:
+    """``cli._render_install`` of an install without ``--force`` (so no FORCED warning, the one click styles)."""
+    for warning in result["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({k: v for k, v in result.items() if k != "warnings"}, indent=1))
+    elif result["action"] == "already-installed":
+        print(f"already installed in {result['cache_dir']} (digest {result['digest'][:16]})")
+    else:
+        print(f"installed {result['written']} entries into {result['cache_dir']} ({result['present']} already "
+              f"there) in {result['seconds']:.2f}s")
 
 
 def _env(options: dict, positionals: list[str]) -> bool:

@@ -43,8 +43,8 @@ from pathlib import Path
 
 from .bundle import archive
 from .bundle.envkey import EnvironmentKey, KnownEnvironment, environment_key
-from .bundle.envscan import gpu_witness, package_dir
-from .bundle.fingerprint import Difference, compare, compare_gpu, local_environment, package_version
+from .bundle.envscan import distribution_version, gpu_witness, package_dir
+from .bundle.fingerprint import Difference, compare, compare_gpu, local_environment
 from .bundle.identity import environment_from
 from .bundle.manifest import Environment, Kernel, Manifest
 from .cachedir import CacheDir, Journal, Receipt, atomic_write, publish_entries, recover, resolve_cache_dir
@@ -190,7 +190,9 @@ def plan_install_manifest(path: Path, manifest: Manifest, cache_dir: Path, force
     except KernelcacheError:
         if not force:
             raise
-    differences = compare(manifest, here.environment) if here.environment is not None else []
+    # Versions as importlib.metadata finds them, read without importing it (envscan.distribution_version: ~15 ms).
+    tvm_ffi = distribution_version("apache-tvm-ffi") if manifest.flashinfer else None
+    differences = compare(manifest, here.environment, tvm_ffi=tvm_ffi) if here.environment is not None else []
     if check_gpu:
         differences += compare_gpu(manifest.target, (probe or GpuProbe.start()).result())
     return InstallPlan(path, manifest, digest or archive.bundle_digest(manifest), cache_dir, tuple(differences),
@@ -225,7 +227,7 @@ def environment_here(archs: Iterable[str], cache: CacheDir, manifest: Manifest |
     identity = manifest.triton_identity if manifest is not None else None
     if identity is not None and key.triton:
         found = environment_from(identity, manifest.environment, sorted(wanted), package_dir("triton"),
-                                 package_version)
+                                 distribution_version)
         if found is not None:
             stable = environment_key() == key
             return Fingerprinted(found, KnownEnvironment(key, found) if stable else None, identity.triton_key,

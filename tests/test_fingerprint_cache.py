@@ -220,3 +220,13 @@ def test_triton_replaced_in_a_venv_is_fingerprinted_again(bundle90, tmp_path):
     last, done = install_in(python, bundle90, cache)
     assert last == {"exit": 0, "imported": []}, done.stderr
     assert served_in(python, cache) == kept  # kept again by the install that computed it
+
+
+@pytest.mark.parametrize("name", ["triton", "torch", "vllm", "flashinfer-python", "apache-tvm-ffi", "click",
+                                  "zstandard", "filelock", "Flashinfer_Python", "FILELOCK", "no-such-distribution"])
+def test_the_installers_version_lookup_is_importlib_metadatas(name):
+    """An install reads versions with envscan.distribution_version (the identity record's fingerprint, tvm-ffi,
+    FlashInfer's site): what importlib.metadata.version says, without its 15 ms of imports."""
+    from kernelcache.bundle.envscan import distribution_version
+
+    assert distribution_version(name) == package_version(name)

@@ -182,9 +182,10 @@ def ensure_site(cache_dir: Path, found: list[Provider]) -> Path:
 
 def write_site(cache_dir: Path) -> Path | None:
     """At install time: the site dir for what the cache now holds, if this FlashInfer can use any of it."""
-    from ..bundle.fingerprint import package_version
+    from ..bundle.envscan import distribution_version  # as `env` finds it (runtime/flashinfer.py): no import of
+    # importlib.metadata (~15 ms)
 
-    version = package_version("flashinfer-python")
+    version = distribution_version("flashinfer-python")
     if version is None:
         return None
     found, _ = providers(Path(cache_dir), version)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 from collections.abc import Iterator
@@ -29,6 +31,43 @@ def lock_timeout() -> float:
     if not value >= 0:  # also NaN
         raise UsageError(f"KERNELCACHE_LOCK_TIMEOUT must be a number of seconds, got {text!r}")
     return value
+
+
+def _flock_at_once(path: str) -> int | None:
+    """The state lock taken without waiting, as filelock's ``UnixFileLock`` takes it (``flock`` on the same file,
+    which stays in place), so the two exclude each other; its descriptor. None when another process holds it or
+    ``flock`` fails here: the caller then waits with filelock, which also knows file systems without ``flock``
+    (a lock file this call created for nothing is removed first: filelock's fallback makes its own)."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        return None
+    flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        try:
+            fd, created = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            fd, created = os.open(path, flags), False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if created and exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        return None
+    return fd
+
+
+def _unflock(fd: int) -> None:
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def default_cache_dir() -> Path:
@@ -131,9 +170,17 @@ class CacheDir:
     @contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the state lock; ``StorageError`` after KERNELCACHE_LOCK_TIMEOUT seconds of waiting."""
-        from filelock import FileLock, Timeout  # 10-40 ms of imports, paid only by a writer
+        timeout = lock_timeout()
+        fd = _flock_at_once(str(self.state / "lock"))
+        if fd is not None:
+            try:
+                yield
+            finally:
+                _unflock(fd)
+            return
+        from filelock import FileLock, Timeout  # 10-40 ms of imports: only to wait, or where flock is missing
 
-        lock = FileLock(str(self.state / "lock"), timeout=lock_timeout())
+        lock = FileLock(str(self.state / "lock"), timeout=timeout)
         try:
             lock.acquire()
         except Timeout:
