@@ -106,8 +106,11 @@ def keep(folder: str, commands: list[list[str]]) -> None:
     stale = [argv for argv in commands if inputs(argv) and not _current(kept.get(tuple(argv)))]
     if not stale:
         return
-    for argv in stale:
-        entry = _run(argv)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(stale)) as pool:  # each waits on its child: ~2 ms for all instead of ~2 ms each
+        entries = list(pool.map(_run, stale))
+    for argv, entry in zip(stale, entries):
         if entry is None:
             kept.pop(tuple(argv), None)
         else:
