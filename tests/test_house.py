@@ -109,16 +109,22 @@ def test_nothing_is_imported_upward():
     assert not upward, "\n".join(upward)
 
 
-def test_the_shared_site_module_needs_only_the_standard_library():
-    path = ROOT / "kernelcache" / "runtime" / "site" / "kernelcache_tritonkey.py"
+@pytest.mark.parametrize("module", ["kernelcache_tritonkey", "kernelcache_outputs"])
+def test_the_shared_site_modules_need_only_the_standard_library(module):
+    """They run in every served process, from the site dir alone: the standard library and each other."""
+    site = ROOT / "kernelcache" / "runtime" / "site"
+    siblings = {"kernelcache_tritonkey", "kernelcache_outputs"}
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse((site / f"{module}.py").read_text())):
         if isinstance(node, ast.Import):
             found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level:  # from . import sibling
+            assert node.level == 1 and node.module is None, ast.unparse(node)
+            found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
-            found |= {"." if node.level else (node.module or "").split(".")[0]}
-    assert "os" in found and "importlib" in found  # the walk saw its imports
-    assert found <= set(sys.stdlib_module_names) | {"__future__"}, found
+            found |= {(node.module or "").split(".")[0]}
+    assert "os" in found  # the walk saw its imports
+    assert found <= set(sys.stdlib_module_names) | {"__future__"} | siblings, found
 
 
 def test_there_is_no_import_circle():
