@@ -35,8 +35,8 @@ python312() {
 }
 
 # uv installs every venv from one cache by hard links: the two serving venvs share every file and the lab venv
-# shares each wheel of the same version (vllm, flashinfer, most nvidia-* libraries), so three venvs cost about
-# 12 GB of disk instead of 26 GB with pip (which copies each wheel into each venv, and keeps a cache beside).
+# shares each wheel of the same version (vllm, flashinfer, some nvidia-* libraries), so three venvs cost about
+# 13 GB of disk instead of 26 GB with pip (which copies each wheel into each venv, and keeps a cache beside).
 # uv resolves from PyPI alone and reads no pip configuration (pip resolves the same torch, triton, vllm and
 # flashinfer; only cuda-python differs). Its own binary comes from PyPI too, into build/uv.
 # The cache sits in build/ (the venvs' file system: hard links cannot cross one) unless UV_CACHE_DIR says otherwise.

@@ -4,9 +4,11 @@
 #   serving  .venv (builds) and .venv-serve (a second plain `uv pip install vllm==0.33.0`, installs) are what
 #            tests/test_serving_stack.py drives (pytest -m serving): the examples' build of one vocab with every
 #            path, its install and cross verify in the other venv, the refusal of a lab bundle there, and
-#            `build --target-env`. The two serving venvs (about 9 GB of downloads; uv hard-links the second
-#            one from its cache, so both cost about 10 GB of disk) are made in the background while the lab
-#            tests run; their log is build/serving-setup.log.
+#            `build --target-env`. The serving venvs are made in the background once the lab venv is set up
+#            (not beside it: two uv processes at once each download the wheels both stacks share, 1.5 GB twice),
+#            while the lab tests run; their log is build/serving-setup.log.
+# Disk: uv hard-links every venv from one cache in build/, so the lab stack (with the FlashInfer toolchain) costs about 7 GB and the serving
+# stack about 6.5 GB more; the run stops at once, with one line, when build/'s file system has less free.
 # STACKS=lab skips the serving venvs and their tests. Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,8 +32,22 @@ pytest_run() {
   [ "$rc" = 5 ] || return "$rc"
 }
 
+# Exit 28 (ENOSPC) up front, with one line, what would stop halfway through a download with "No space left on device".
+disk_check() {
+  local need=0 free
+  if ! [ -x .venv-lab/bin/python ]; then need=$((need + 7000)); fi
+  if [ "$serving" = 1 ] && ! [ -x .venv/bin/python ]; then need=$((need + 6500)); fi
+  free=$(df -Pm build | awk 'NR == 2 {print $4}')
+  if [ "$free" -lt "$need" ]; then
+    echo "test.sh: $free MB free under $PWD/build; the stacks ($STACKS) need about $need MB (STACKS=lab: 7000)" >&2
+    exit 28
+  fi
+}
+mkdir -p build
+disk_check
+STACK=lab bash scripts/setup.sh
+stamp "lab stack set up"
 if [ "$serving" = 1 ]; then
-  mkdir -p build
   rm -f build/serving-setup.rc
   # The build venv fetches FlashInfer's CUDA toolchain itself when it builds; the install venv needs none.
   ( rc=0
@@ -40,11 +56,9 @@ if [ "$serving" = 1 ]; then
     } > build/serving-setup.log 2>&1 || rc=$?
     echo "$rc" > build/serving-setup.rc ) &
 fi
-STACK=lab bash scripts/setup.sh
-stamp "lab stack set up"
 .venv-lab/bin/ruff check kernelcache tests scripts
 
-# The serving-stack tests, once its venvs are set up (in the background since the start).
+# The serving-stack tests, once its venvs are set up (in the background since the lab venv was).
 serving_tests() {
   while [ ! -f build/serving-setup.rc ]; do sleep 5; done
   if [ "$(cat build/serving-setup.rc)" != 0 ]; then
@@ -72,7 +86,6 @@ quick_then_serving() {
   stamp "quick tests done"
   if [ "$serving" = 1 ]; then serving_tests "$@"; fi
 }
-mkdir -p build
 stream A quick_then_serving "$@" & a=$!
 stream B pytest_run slow -m "slow and not serving" "$@" & b=$!
 failed=0
