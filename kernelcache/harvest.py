@@ -12,6 +12,8 @@ each skip is reported with its reason.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from .bundle.manifest import Kernel, Member, Module
 from .exercise.listener import CompileRecord
+from .runtime.site.kernelcache_prebuilt import SOURCE_SUFFIX
 
 KEY_PATTERN = re.compile(r"[A-Z2-7]{52}")
 BINARY_SUFFIXES = (".cubin", ".hsaco")
@@ -80,9 +83,11 @@ def _harvest_dir(path: Path, record: CompileRecord | None, keep_ir: bool, result
     if groups:
         for group in groups:
             _harvest_kernel(path, group, files, record, keep_ir, result)
-    elif files and all(f.endswith(".so") for f in files):
+    elif files and all(f.endswith((".so", SOURCE_SUFFIX)) for f in files):
         members = tuple(Member(f"{path.name}/{f}", source=path / f) for f in files)
-        result.entries.append(Entry("module", path.name, members, {"kind": _module_kind(files)}))
+        built = [f for f in files if f.endswith(".so")]
+        members += _source_record(path.name, built)
+        result.entries.append(Entry("module", path.name, members, {"kind": _module_kind(built)}))
     else:
         result.skip(path.name, "no group file: an incomplete write or not a kernel")
 
@@ -143,6 +148,30 @@ def _ir_signature(text: str, name: str) -> dict[str, str] | None:
         ty = _TYPES.get(pointee, pointee) if pointee else _TYPES.get(full, full)
         sig[arg] = f"*{ty}" if pointee else ty
     return sig or None
+
+
+def _source_record(key: str, files: list[str]) -> tuple[Member, ...]:
+    """``<key>/cuda_utils.source-sha256``: the sha256 of the ``driver.c`` this Triton builds ``cuda_utils`` from, for
+    a served process to take the module for its own when its key (from Triton 3.7: the install paths) differs
+    (runtime/site/kernelcache_prebuilt.py). Nothing when the dir has one already or holds no ``cuda_utils``."""
+    if [f.split(".")[0] for f in files] != ["cuda_utils"] or any(f.endswith(SOURCE_SUFFIX) for f in files):
+        return ()
+    source = _driver_source()
+    if source is None:
+        return ()
+    return (Member(f"{key}/cuda_utils{SOURCE_SUFFIX}", data=hashlib.sha256(source).hexdigest().encode()),)
+
+
+def _driver_source() -> bytes | None:
+    """The bytes of ``triton/backends/nvidia/driver.c`` of the Triton this process would import, if any."""
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "backends" / "nvidia" / "driver.c"
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 def _module_kind(files: list[str]) -> str:

@@ -4,10 +4,12 @@ The claim we sell is "after install, vLLM's sampler compiles nothing". ``verify`
 exercise processes with the installed cache as ``TRITON_CACHE_DIR`` run the same paths the build ran
 (really on a visible GPU of the arch; behind the fake target otherwise, so CI covers the logic), and
 count every ``compile()`` with ``cache_hit=False``, every gcc build of a launcher or ``cuda_utils``, and
-every file that appeared in the cache. Any of those fails the check -- except, with Triton >= 3.7,
-the one build of its generic ``cuda_utils`` launcher: that module's cache key hashes its include
-and library dirs, which hold the Triton install path and the libcuda dir (``compile_module_from_file``
-in triton/runtime/build.py), so no bundle can carry it for another machine. It is reported under ``tolerated`` instead.
+every file that appeared in the cache. Any of those fails the check. The exercise processes take helper
+modules from the cache as served ones do (runtime/site/kernelcache_prebuilt.py): a module Triton keys
+differently for the same source (with Triton >= 3.7 ``cuda_utils``'s key hashes its include and library dirs,
+the Triton install path and the libcuda dir; in 3.6 every key holds what file(1) says of the interpreter) is
+copied from the bundle, and that copy is reported under ``tolerated``. So is, for a bundle built before
+bundles recorded ``cuda_utils``'s source, Triton >= 3.7's one gcc build of it.
 
 A bundled FlashInfer module is verified through FlashInfer itself, in a fresh interpreter with the
 cache's environment (JIT disabled): its own lookup must resolve to the installed file and load it;
@@ -47,6 +49,7 @@ from .plan.gpus import GpuProfile, visible_gpus
 from .plan.recipe import BuildPlan, PlanOverrides, load
 from .plan.targets import BuildTarget, check_paths
 from .plan.tasks import plan_units
+from .runtime.site.kernelcache_prebuilt import SOURCE_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -240,19 +243,22 @@ def _check(plan, target: BuildTarget, root: Path, work: Path, jobs: int) -> tupl
     """Run the plan's tasks against ``root``; the report and the cache keys the tasks asked for."""
     before = _snapshot(root)
     started = time.perf_counter()
-    run = exercise(plan, target, work, root, jobs)
+    run = exercise(plan, target, work, root, jobs, served=True)
     seconds = time.perf_counter() - started
     written = sorted(set(_snapshot(root)) - set(before))
     compiles = run.log.compiles
     calls, hits = Counter(r.name for r in compiles), Counter(r.name for r in compiles if r.cache_hit)
     kernels = tuple(KernelCount(n, calls[n], hits[n], calls[n] - hits[n]) for n in sorted(calls))
-    gcc = list(run.log.gcc_builds)
-    tolerated: list[str] = []
-    if _generic_launcher():
-        tolerated = [f"gcc build of {n} (Triton >= 3.7: keyed by install paths)" for n in gcc if n == "cuda_utils"]
-        tolerated += [f for f in written if Path(f).name.startswith("cuda_utils")]
+    gcc, copied = list(run.log.gcc_builds), set(run.log.prebuilt)
+    tolerated = [f"{n}: the bundle's build, copied under this machine's key (no gcc)" for n in sorted(copied)]
+    tolerated += [f for f in written if _module_name(f) in copied]
+    written = [f for f in written if _module_name(f) not in copied]
+    if _generic_launcher() and not any(root.glob(f"*/cuda_utils{SOURCE_SUFFIX}")):
+        tolerated += [f"gcc build of {n} (Triton >= 3.7: keyed by install paths; this bundle records no source "
+                      "to take the bundle's for it)" for n in gcc if n == "cuda_utils"]
+        tolerated += [f for f in written if _module_name(f) == "cuda_utils"]
         gcc = [n for n in gcc if n != "cuda_utils"]
-        written = [f for f in written if not Path(f).name.startswith("cuda_utils")]
+        written = [f for f in written if _module_name(f) != "cuda_utils"]
     report = VerifyReport(root, target.mode, target.arch, kernels, tuple(gcc), tuple(written), seconds,
                           tuple(tolerated), tasks=run.tasks)
     return report, {r.key for r in compiles}
@@ -305,6 +311,11 @@ def _cuda_runtime() -> str | None:
     except KernelcacheError:
         return None
     return str(path) if path.exists() else None
+
+
+def _module_name(path: str) -> str:
+    """``<key>/cuda_utils.cpython-312-x86_64-linux-gnu.so`` -> ``cuda_utils``."""
+    return Path(path).name.split(".")[0]
 
 
 def _generic_launcher() -> bool:

@@ -132,6 +132,21 @@ def test_missing_path_is_named(tmp_path):
     assert done.returncode == 31 and "'mrv2' path" in done.stderr and "gumbel" in done.stderr
 
 
+def test_verify_without_file_takes_every_helper_module_from_the_bundle(builds, tmp_path):
+    """Without file(1), Triton 3.6 keys every launcher and cuda_utils differently from the build (platform_key()):
+    each is taken from the bundle (runtime/site/kernelcache_prebuilt.py), none built with gcc. (Under Triton 3.8
+    only cuda_utils is a module, and its key differs anyway: the same holds.)"""
+    _, _, _, _, bundle, _ = builds("sm_90")
+    from test_prebuilt_helpers import no_file_path
+
+    done = kc("verify", str(bundle), "--json", env={"PATH": no_file_path(tmp_path)}, check=True)
+    report = json.loads(done.stdout)
+    assert report["ok"] and report["compiles"] == 0 and report["gcc_builds"] == [] and report["files_written"] == []
+    modules = archive.read_manifest(bundle).modules
+    copied = [f for f in report["tolerated"] if "/" in f]
+    assert len(copied) == len(modules) and not {f.split("/")[0] for f in copied} & {m.key for m in modules}
+
+
 def test_verify_counts_hits_and_fails_on_a_missing_kernel(cross_build, tmp_path):
     arch, _, _, _, bundle, _ = cross_build
     report = json.loads(kc("verify", str(bundle), "--json", check=True).stdout)

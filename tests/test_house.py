@@ -53,7 +53,8 @@ BASE = ("kernelcache", "kernelcache.errors", "kernelcache.bundle.manifest", "ker
 # Runs inside the served interpreter (from kernelcache's site dir on PYTHONPATH) and checks the same files the
 # fingerprint key names: standard library only (test_the_shared_site_module_needs_only_the_standard_library),
 # so any layer may import it. (The import graph names it by its folder when imported as `from .site import`.)
-SHARED_SITE = ("kernelcache.runtime.site", "kernelcache.runtime.site.kernelcache_tritonkey")
+SHARED_SITE = ("kernelcache.runtime.site", "kernelcache.runtime.site.kernelcache_tritonkey",
+               "kernelcache.runtime.site.kernelcache_prebuilt")
 
 
 def module_name(path: Path) -> str:
@@ -109,11 +110,11 @@ def test_nothing_is_imported_upward():
     assert not upward, "\n".join(upward)
 
 
-@pytest.mark.parametrize("module", ["kernelcache_tritonkey", "kernelcache_outputs"])
+@pytest.mark.parametrize("module", ["kernelcache_tritonkey", "kernelcache_outputs", "kernelcache_prebuilt"])
 def test_the_shared_site_modules_need_only_the_standard_library(module):
     """They run in every served process, from the site dir alone: the standard library and each other."""
     site = ROOT / "kernelcache" / "runtime" / "site"
-    siblings = {"kernelcache_tritonkey", "kernelcache_outputs"}
+    siblings = {"kernelcache_tritonkey", "kernelcache_outputs", "kernelcache_prebuilt"}
     found = set()
     for node in ast.walk(ast.parse((site / f"{module}.py").read_text())):
         if isinstance(node, ast.Import):

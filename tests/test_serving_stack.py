@@ -209,7 +209,7 @@ def test_build_fetches_its_toolchain_and_covers_every_path(example):
 def test_runtime_stage_installs_it_in_another_serving_venv_and_verify_sees_no_compile(example, server):
     assert re.search(r"installed \d+ entries", example.install.stdout), example.install.stdout
     verified = ok(server.kernelcache("verify", str(example.bundle), "--cache-dir", str(example.cache), timeout=3000))
-    assert re.search(r"\b[1-9]\d* hits, 0 compiles,", verified.stdout), verified.stdout
+    assert re.search(r"\b[1-9]\d* hits, 0 compiles, 0 gcc builds,", verified.stdout), verified.stdout
 
 
 def test_a_process_served_from_it_takes_the_kept_triton_key(example, server):
@@ -217,6 +217,26 @@ def test_a_process_served_from_it_takes_the_kept_triton_key(example, server):
     done = ok(server.kernelcache("run", "--cache-dir", str(example.cache), "--", str(server.root / "bin" / "python"),
                                  "-c", SERVED))
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"seeded": True, "equal": True, "read_libtriton": False}
+
+
+def test_a_served_process_takes_the_bundles_cuda_utils_for_its_own_install_paths(example, server, tmp_path):
+    """Triton 3.8 keys cuda_utils by the install paths, so the install venv misses the builder's and would build
+    it with gcc (CC=/bin/false here: that fails); under `kernelcache run` the bundle's module is taken."""
+    from test_prebuilt_helpers import libcuda_stub, probe
+
+    cache, python = tmp_path / "cache", str(server.root / "bin" / "python")
+    ok(server.kernelcache("install", str(example.bundle), "--cache-dir", str(cache)))
+    stub = libcuda_stub(python, tmp_path / "stub")
+    plain = probe(python, cache, stub, served=False)
+    assert plain["served"] == [] and "CalledProcessError" in plain["error"]
+    assert probe(python, cache, stub, served=True) == {"error": None, "served": [
+        "cuda_utils" + server_suffix(server)]}
+
+
+def server_suffix(server: Venv) -> str:
+    code = "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))"
+    return subprocess.run([str(server.root / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip()
 
 
 def test_builder_passes_the_serving_fingerprint_check(builder, server_fingerprint):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import StorageError
+from ..runtime.site.kernelcache_prebuilt import SOURCE_SUFFIX
 from .layout import SWEPT, unfinished
 from .state import CacheDir, Receipt
 
@@ -65,13 +66,15 @@ def write_receipt(cache: CacheDir, receipt: Receipt) -> None:
 
 
 def complete_entry(entry: Path) -> bool:
-    """A Triton entry with a readable group file whose children all exist, or a module dir."""
+    """A Triton entry with a readable group file whose children all exist, or a module dir (its ``.so`` files and
+    the record of the source they were built from)."""
     if not entry.is_dir():
         return False
     groups = list(entry.glob("__grp__*.json"))
     if not groups:
         files = [p for p in entry.iterdir() if p.is_file()]
-        return bool(files) and all(p.suffix == ".so" for p in files)
+        built = [p for p in files if p.suffix == ".so"]
+        return bool(built) and all(p in built or p.name.endswith(SOURCE_SUFFIX) for p in files)
     try:
         return all(
             os.path.exists(p)

@@ -74,8 +74,11 @@ def install(path: str | None = None, also: Callable[[dict], None] | None = None)
 
 
 def count_builds(path: str | None = None) -> None:
-    """Log every gcc build of a Triton helper module (launchers, cuda_utils): a cache miss too."""
+    """Log every gcc build of a Triton helper module (launchers, cuda_utils): a cache miss too. A module the
+    installed cache answered (runtime/site/kernelcache_prebuilt.py) is logged as ``prebuilt`` instead."""
     from triton.runtime import build
+
+    from ..runtime.site import kernelcache_prebuilt
 
     target = path or os.environ.get(LOG_ENV)
     original = build._build
@@ -84,7 +87,8 @@ def count_builds(path: str | None = None) -> None:
         started = time.perf_counter()
         so = original(name, src, srcdir, *args, **kwargs)
         if target:
-            append(target, {"event": "gcc", "name": name, "seconds": time.perf_counter() - started,
+            event = "prebuilt" if kernelcache_prebuilt.served_by_cache(so) else "gcc"
+            append(target, {"event": event, "name": name, "seconds": time.perf_counter() - started,
                             "pid": os.getpid(), "time": time.time(), "task": os.environ.get("KERNELCACHE_TASK")})
         return so
 
@@ -126,13 +130,15 @@ class ExerciseLog:
 
     compiles: tuple[CompileRecord, ...] = ()
     gcc_builds: tuple[str, ...] = ()  # module names (__triton_launcher, cuda_utils)
+    prebuilt: tuple[str, ...] = ()  # module names whose build the installed cache answered
 
     @classmethod
     def read(cls, paths) -> ExerciseLog:
         """The logs at ``paths``, in order (torn last lines skipped), parsed once."""
         records = [r for path in paths for r in read(str(path))]
-        return cls(tuple(CompileRecord.from_dict(r) for r in compiles(records)),
-                   tuple(str(r.get("name")) for r in records if r.get("event") == "gcc"))
+        names = {event: tuple(str(r.get("name")) for r in records if r.get("event") == event)
+                 for event in ("gcc", "prebuilt")}
+        return cls(tuple(CompileRecord.from_dict(r) for r in compiles(records)), names["gcc"], names["prebuilt"])
 
 
 def compiles(records: list[dict]) -> list[dict]:

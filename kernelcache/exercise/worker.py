@@ -31,6 +31,7 @@ class Job:
     prebuild: bool = True  # launchers and cuda_utils
     env: dict = field(default_factory=dict)  # extra variables, set before import
     setup: tuple[Task, ...] = ()  # run after the driver is active, before the tasks (e.g. vLLM's platform)
+    served: bool = False  # an installed cache (verify): Triton's gcc step takes its helper modules, as when served
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -57,6 +58,8 @@ def main(path: str) -> int:
     from . import listener
 
     listener.install(job.compile_log)
+    if job.served:
+        _served_helpers(job.cache_dir)
     listener.count_builds(job.compile_log)
     _track_functions(functions)
     if job.mode == "cross":
@@ -102,6 +105,16 @@ def _between_tasks(job: Job, functions: set) -> int:
     for fn in functions:
         fn.device_caches.clear()
     return count
+
+
+def _served_helpers(cache_dir: str) -> None:
+    """Let Triton's gcc step take the installed cache's helper modules as a served process does
+    (runtime/site/kernelcache_prebuilt.py); the build counter, set after, logs them as such."""
+    from triton.runtime import build
+
+    from ..runtime.site import kernelcache_prebuilt
+
+    kernelcache_prebuilt.activate(build, cache_dir)
 
 
 def _environment(capability: int) -> dict | None:

@@ -230,11 +230,13 @@ CACHE_MODULE = "triton.runtime.cache"
 
 
 def seed_on_import(folder: str) -> None:
-    """Seed this process from ``folder``: ``triton.runtime.cache``'s key, and the kept tool outputs of Triton's
-    modules (kernelcache_outputs); each module now if it is imported, else when it is."""
-    outputs = _outputs_module()
+    """Seed this process from ``folder``: ``triton.runtime.cache``'s key, the kept tool outputs of Triton's
+    modules (kernelcache_outputs) and the helper modules its gcc step would build (kernelcache_prebuilt); each
+    module now if it is imported, else when it is."""
+    outputs, prebuilt = _site_module("kernelcache_outputs"), _site_module("kernelcache_prebuilt")
     hooks = [(CACHE_MODULE, functools.partial(seed, folder=folder), "triton_key")]
     hooks += [(name, functools.partial(outputs.seed, folder=folder), "outputs") for name in outputs.MODULES]
+    hooks += [(prebuilt.MODULE, functools.partial(prebuilt.seed, folder=folder), "prebuilt")]
     for name, then, tag in hooks:
         module = sys.modules.get(name)
         if module is not None:
@@ -243,9 +245,9 @@ def seed_on_import(folder: str) -> None:
             sys.meta_path.insert(0, AfterImport(name, then, tag))
 
 
-def _outputs_module():
+def _site_module(name: str):
+    """A sibling module of this directory, whichever way this one was imported."""
     try:
-        from . import kernelcache_outputs  # imported as kernelcache.runtime.site.kernelcache_tritonkey
+        return importlib.import_module(f"{__package__}.{name}") if __package__ else importlib.import_module(name)
     except ImportError:
-        import kernelcache_outputs  # imported from the served site dir, as sitecustomize does
-    return kernelcache_outputs
+        return importlib.import_module(name)  # imported from the served site dir, as sitecustomize does
