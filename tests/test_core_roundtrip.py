@@ -66,7 +66,7 @@ def test_pack_is_byte_identical_and_slim(built, tmp_path):
     names = [name for _, name, _ in archive.iter_members(a)]
     assert names == sorted(names)
     suffixes = {Path(n).suffix for n in names}
-    assert suffixes <= {".json", ".cubin", ".so"}
+    assert suffixes <= {".json", ".cubin", ".so", ".source-sha256"}  # no IR
     manifest = archive.read_manifest(a)
     assert len(manifest.kernels) == len({r["key"] for r in compiled})
     assert {m.kind for m in manifest.modules} == {"launcher", "cuda_utils"}

@@ -47,7 +47,7 @@ from ..errors import (
     UsageError,
 )
 from .manifest import MANIFEST_NAME, FileRecord, Manifest
-from .overlap import ReadAhead, Writer
+from .overlap import ReadAhead, Writer, new_file
 
 ZSTD_LEVEL = 19
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -305,12 +305,16 @@ def extract(path: str | os.PathLike, dest: str | os.PathLike, limits: Limits | N
 def _stream_to(reader: _open_tar, info: tarfile.TarInfo, record: FileRecord, target: str) -> None:
     """A member larger than ``CHUNK``, hashed while it is written (never whole in memory)."""
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as handle:
+    with os.fdopen(new_file(target), "wb") as handle:
         reader.copy_verified(info, record, handle)
 
 
 _CHAINED = "corrupt tar stream: extension headers chained too deep to read"
+
+
+def _check_sha256(info: tarfile.TarInfo, record: FileRecord, digest: str) -> None:
+    if digest != record.sha256:
+        raise IntegrityError(f"member {info.name!r} does not match its sha256 in the manifest")
 
 
 class _Forward:
@@ -418,15 +422,13 @@ class _open_tar:
                 raise BundleFormatError(f"truncated or corrupt tar stream in {info.name!r}: unexpected end of data")
         else:
             data = self._chunk(self.tar.extractfile(info), info, -1)
-        if len(data) != info.size:
-            raise BundleFormatError(f"truncated member {info.name!r}")
-        if hashlib.sha256(data).hexdigest() != record.sha256:
-            raise IntegrityError(f"member {info.name!r} does not match its sha256 in the manifest")
+            if len(data) != info.size:
+                raise BundleFormatError(f"truncated member {info.name!r}")
+        _check_sha256(info, record, hashlib.sha256(data).hexdigest())
         return data
 
     def copy_verified(self, info: tarfile.TarInfo, record: FileRecord, out) -> None:
-        if self._copy(info, out) != record.sha256:
-            raise IntegrityError(f"member {info.name!r} does not match its sha256 in the manifest")
+        _check_sha256(info, record, self._copy(info, out))
 
     def _copy(self, info: tarfile.TarInfo, out) -> str:
         """Stream one member's bytes to ``out``; return their sha256."""

@@ -134,7 +134,7 @@ class Writer:
             if folder not in self.made:
                 os.makedirs(folder, exist_ok=True)
                 self.made.add(folder)
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            fd = new_file(target)
             try:
                 view = memoryview(data)
                 while view:
@@ -156,3 +156,8 @@ class Writer:
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.waiting.clear()
         self.batch = []
+
+
+def new_file(target: str) -> int:
+    """A descriptor for writing ``target``, which must not exist yet (nor be a link): a member is written once."""
+    return os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)

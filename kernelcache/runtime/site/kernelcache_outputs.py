@@ -119,18 +119,11 @@ def keep(folder: str, commands: list[list[str]]) -> None:
 
 
 def _write(folder: str, record: dict) -> None:
-    import json
-    import tempfile
-
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(record, f)
-        os.replace(tmp, os.path.join(folder, RECORD))
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        from . import kernelcache_tritonkey  # imported as kernelcache.runtime.site.kernelcache_outputs
+    except ImportError:
+        import kernelcache_tritonkey  # imported from the served site dir
+    kernelcache_tritonkey.write_json(os.path.join(folder, RECORD), record)
 
 
 class KeptOutputs:

@@ -169,15 +169,21 @@ def save_key(folder: str, root: str, key: str, files: dict[str, list[int]]) -> N
 
 
 def _write(folder: str, root: str, record: dict) -> None:
+    write_json(record_path(folder, root), record)
+
+
+def write_json(path: str, record: dict) -> None:
+    """``record`` as JSON at ``path``, whole or not at all: a temporary file beside it, then one rename."""
     import json
     import tempfile
 
+    folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(record, f)
-        os.replace(tmp, record_path(folder, root))
+        os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
