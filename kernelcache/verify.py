@@ -49,7 +49,7 @@ from .plan.gpus import GpuProfile, visible_gpus
 from .plan.recipe import BuildPlan, PlanOverrides, load
 from .plan.targets import BuildTarget, check_paths
 from .plan.tasks import plan_units
-from .runtime.site.kernelcache_prebuilt import SOURCE_SUFFIX
+from .runtime.site import kernelcache_prebuilt
 
 
 @dataclass(frozen=True)
@@ -253,7 +253,7 @@ def _check(plan, target: BuildTarget, root: Path, work: Path, jobs: int) -> tupl
     tolerated = [f"{n}: the bundle's build, copied under this machine's key (no gcc)" for n in sorted(copied)]
     tolerated += [f for f in written if _module_name(f) in copied]
     written = [f for f in written if _module_name(f) not in copied]
-    if _generic_launcher() and not any(root.glob(f"*/cuda_utils{SOURCE_SUFFIX}")):
+    if _generic_launcher() and not kernelcache_prebuilt.Finder(str(root)).recorded().get("cuda_utils"):
         tolerated += [f"gcc build of {n} (Triton >= 3.7: keyed by install paths; this bundle records no source "
                       "to take the bundle's for it)" for n in gcc if n == "cuda_utils"]
         tolerated += [f for f in written if _module_name(f) == "cuda_utils"]

@@ -7,8 +7,9 @@
 #            `build --target-env`. The serving venvs are made in the background once the lab venv is set up
 #            (not beside it: two uv processes at once each download the wheels both stacks share, 1.5 GB twice),
 #            while the lab tests run; their log is build/serving-setup.log.
-# Disk: uv hard-links every venv from one cache in build/, so the lab stack (with the FlashInfer toolchain) costs about 7 GB and the serving
-# stack about 6.5 GB more; the run stops at once, with one line, when build/'s file system has less free.
+# Disk: uv hard-links every venv from one cache in build/, so the lab stack (with the FlashInfer toolchain) costs
+# about 7 GB and the serving stack about 6.5 GB more; the run stops at once, with one line, when build/'s file
+# system has less free.
 # STACKS=lab skips the serving venvs and their tests. Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +33,8 @@ pytest_run() {
   [ "$rc" = 5 ] || return "$rc"
 }
 
-# Exit 28 (ENOSPC) up front, with one line, what would stop halfway through a download with "No space left on device".
+# Exit 28 (ENOSPC) up front, with one line, on what would stop halfway through a download with "No space left on
+# device".
 disk_check() {
   local need=0 free
   if ! [ -x .venv-lab/bin/python ]; then need=$((need + 7000)); fi

@@ -72,12 +72,13 @@ class Finder:
         except OSError:
             return None
         file = name + suffix()
-        keys = [_dir_name(hashlib.sha256(source + variant.encode()).digest()) for variant in platform_keys()]
+        for key in (_dir_name(hashlib.sha256(source + variant.encode()).digest()) for variant in platform_keys()):
+            if os.path.isfile(os.path.join(self.root, key, file)):
+                return os.path.join(self.root, key, file)
+        # Only then the recorded sources: reading them lists every entry of the cache.
         recorded = self.recorded().get(name, {}).get(hashlib.sha256(source).hexdigest())
-        for key in [*keys, *([recorded] if recorded else [])]:
-            path = os.path.join(self.root, key, file)
-            if os.path.isfile(path):
-                return path
+        if recorded and os.path.isfile(os.path.join(self.root, recorded, file)):
+            return os.path.join(self.root, recorded, file)
         return None
 
     def recorded(self) -> dict[str, dict[str, str]]:
@@ -144,5 +145,5 @@ def _copy(found: str, srcdir: str, name: str) -> str:
 
 def served_by_cache(path: str) -> bool:
     """Whether this process copied ``path`` from the cache (under either name this module is imported by)."""
-    return any(path in getattr(sys.modules.get(n), "SERVED", ()) for n in (__name__, "kernelcache_prebuilt",
-                                                                         "kernelcache.runtime.site.kernelcache_prebuilt"))
+    names = ("kernelcache_prebuilt", "kernelcache.runtime.site.kernelcache_prebuilt")
+    return any(path in getattr(sys.modules.get(n), "SERVED", ()) for n in names)

@@ -253,7 +253,5 @@ def seed_on_import(folder: str) -> None:
 
 def _site_module(name: str):
     """A sibling module of this directory, whichever way this one was imported."""
-    try:
-        return importlib.import_module(f"{__package__}.{name}") if __package__ else importlib.import_module(name)
-    except ImportError:
-        return importlib.import_module(name)  # imported from the served site dir, as sitecustomize does
+    # As kernelcache.runtime.site.<name>, or from the served site dir (as sitecustomize imports this one).
+    return importlib.import_module(f"{__package__}.{name}" if __package__ else name)
