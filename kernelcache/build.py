@@ -28,13 +28,22 @@ from .bundle.archive import source_date_epoch
 from .bundle.fingerprint import local_environment
 from .bundle.identity import identity_here
 from .bundle.make import PackResult, make_bundle
-from .bundle.manifest import Build, Environment, Target, TritonIdentity, capability_to_arch, flag_capability
+from .bundle.manifest import (
+    Build,
+    DeviceKeys,
+    DeviceTable,
+    Environment,
+    Target,
+    TritonIdentity,
+    capability_to_arch,
+    flag_capability,
+)
 from .bundle.manifest import identity_record as manifest_identity
 from .errors import BuildFailed
 from .exercise.jobs import WorkerResult, exercise, flashinfer_jit_module
 from .exercise.listener import CompileRecord
 from .harvest import harvest
-from .plan.gpus import visible_gpus
+from .plan.gpus import GpuProfile, visible_gpus
 from .plan.recipe import BuildPlan, PlanOverrides, load
 from .plan.targets import BuildTarget, check_paths, plan_targets
 from .plan.tasks import Task
@@ -171,12 +180,31 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
         build_info = Build(tool=f"kernelcache {__version__}", mode=target.mode, source_date_epoch=source_date_epoch(),
                            keep_ir=keep_ir, plan=_plan_record(plan, target), coverage=coverage,
                            skipped=tuple(found.skipped))
-        tgt = Target("cuda", target.arch, 32, gpu=profile.name, sm_count=target.sm_count)
+        tgt = Target("cuda", target.arch, 32, gpu=profile.name, sm_count=target.sm_count,
+                     device_keys=device_keys_of(run.log.device_tables, profile))
         bundles.append(make_bundle(out / name, found.entries, tgt, environment, build_info, flashinfer, identity))
     compiled = [r for r in records if not r.cache_hit]
     return TargetResult(target, tuple(bundles), time.perf_counter() - started,
                         sum((r.compile_us or 0) for r in compiled) / 1e6, len(compiled), coverage,
                         tuple(found.skipped))
+
+
+def device_keys_of(records: tuple[dict, ...], profile: GpuProfile) -> DeviceKeys | None:
+    """What the device name decided in this build (None: nothing), for ``profile``'s bundle; ``BuildFailed``
+    when the build ran under a device name whose configs are not the profile's (a bundle it would mislabel)."""
+    if not records:
+        return None
+    devices = {r.get("device") for r in records}
+    tables = sorted({DeviceTable(str(r.get("task")), r.get("loader"), r.get("looked_for"), r.get("file"),
+                                 r.get("sha256"), r.get("configs_sha256")) for r in records},
+                    key=lambda t: json.dumps(asdict(t), sort_keys=True))
+    serves = dict(set.intersection(*(set((r.get("serves") or {}).items()) for r in records)))
+    if len(devices) != 1 or profile.name not in serves:
+        paths = ", ".join(sorted({t.path for t in tables}))
+        raise BuildFailed(f"the {paths} kernels depend on the device name, and this build ran under "
+                          f"{' and '.join(sorted(map(str, devices)))}, whose configs are not {profile.name}'s "
+                          f"({profile.product})")
+    return DeviceKeys(str(devices.pop()), tuple(tables), dict(sorted(serves.items())))
 
 
 def _environment(results: tuple[WorkerResult, ...]) -> Environment:

@@ -252,6 +252,10 @@ def inspect(bundle: str, as_json: bool) -> None:
     out.print(f"[bold]{info.path.name}[/bold]  digest {info.digest[:16]}  "
               f"{human_size(info.compressed_size)} compressed, {human_size(m.total_size)} installed")
     out.print(f"target {target}; built by {m.build.tool} ({m.build.mode})")
+    keys = m.device_keys
+    if keys is not None:
+        tables = ", ".join(f"{t.path}: {t.file or 'default config'}" for t in keys.tables) or "not recorded"
+        out.print(f"kernels chosen by device name {keys.device} ({tables}); serves {', '.join(keys.serves)}")
     out.print(f"python {env.python} {env.platform}; triton {env.triton} (key {str(env.triton_key_sha256)[:12]}); "
               f"torch {env.torch}; vllm {env.vllm}; flashinfer {env.flashinfer}; "
               f"key env vars: {env.env_vars or 'none'}")

@@ -194,7 +194,7 @@ def plan_install_manifest(path: Path, manifest: Manifest, cache_dir: Path, force
     tvm_ffi = distribution_version("apache-tvm-ffi") if manifest.flashinfer else None
     differences = compare(manifest, here.environment, tvm_ffi=tvm_ffi) if here.environment is not None else []
     if check_gpu:
-        differences += compare_gpu(manifest.target, (probe or GpuProbe.start()).result())
+        differences += compare_gpu(manifest.target, (probe or GpuProbe.start()).result(), manifest.device_keys)
     return InstallPlan(path, manifest, digest or archive.bundle_digest(manifest), cache_dir, tuple(differences),
                        force, lim, here.record, here.triton_key, here.key.digest if here.key else None)
 
@@ -276,7 +276,7 @@ def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = Non
         check_wanted(arch, gpu)  # a bad arch / gpu fails before the registry is asked
         digest, source = resolve_bundle(str(bundle), arch, gpu)
         result = install_if_present(digest, cache_dir, force, check_gpu, source=str(bundle),
-                                    accept=lambda manifest: check_target(manifest.target, arch, gpu, str(bundle)))
+                                    accept=lambda manifest: check_target(manifest, arch, gpu, str(bundle)))
         if result is not None:
             return result
     if arch is None and gpu is None and limits is None:

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from .bundle.archive import read_manifest
+from .bundle.fingerprint import device_note
 from .bundle.manifest import FlashInferModule, Manifest, arch_to_capability
 from .cachedir import STATE_DIR, CacheDir, resolve_cache_dir
 from .errors import (
@@ -103,6 +104,7 @@ class VerifyReport:
     tasks: int = 0  # exercise tasks run
     unexercised: tuple[BundledKernel, ...] = ()  # bundled kernels no task asked for
     flashinfer: tuple[FlashInferCheck, ...] = ()
+    device: str | None = None  # why the device name makes kernels miss (a bundle for another product)
 
     @property
     def compiles(self) -> int:
@@ -124,8 +126,9 @@ class VerifyReport:
     def failure(self) -> KernelcacheError | None:
         """The error this report amounts to, or None when the cache passed."""
         if self.compiles or self.gcc_builds or self.files_written:
+            why = f" ({self.device})" if self.device else ""
             return CompilesDetected(f"{self.compiles} compile(s), {len(self.gcc_builds)} gcc build(s), "
-                                    f"{len(self.files_written)} new file(s) in {self.cache_dir}")
+                                    f"{len(self.files_written)} new file(s) in {self.cache_dir}{why}")
         bad = [c for c in self.flashinfer if not c.ok]
         if bad:
             return FlashInferUnverified(f"FlashInfer module {bad[0].name}: {_fi_problem(bad[0], self.cache_dir)}")
@@ -140,6 +143,7 @@ class VerifyReport:
                 "compiles": self.compiles, "hits": self.hits, "gcc_builds": list(self.gcc_builds),
                 "files_written": list(self.files_written), "tolerated": list(self.tolerated),
                 "seconds": self.seconds, "tasks": self.tasks, "nothing_verified": self.nothing_verified,
+                "device": self.device,
                 "kernels": [asdict(k) for k in self.kernels],
                 "unexercised": [asdict(k) for k in self.unexercised],
                 "flashinfer": [{**asdict(c), "ok": c.ok} for c in self.flashinfer]}
@@ -185,7 +189,9 @@ def _verify_plan(plan: BuildPlan, bundle: Manifest, root: Path, work: Path, mode
     started = time.perf_counter()
     if plan_units(triton_plan):
         check_paths(triton_plan)
-        report, asked = _check(triton_plan, _target(bundle, mode, plan), root, work, jobs)
+        target = _target(bundle, mode, plan)
+        report, asked = _check(triton_plan, target, root, work, jobs)
+        report = replace(report, device=_device_note(bundle, target))
     else:
         report, asked = VerifyReport(root, "none", bundle.target.arch, (), (), (), 0.0), set()
     modules = bundle.flashinfer if "flashinfer" in plan.paths else ()
@@ -233,10 +239,19 @@ def _target(bundle: Manifest, mode: str, plan: BuildPlan) -> BuildTarget:
     if mode == "native" and not local:
         raise UsageError(f"--mode native needs a visible {arch} GPU with {sms} SMs")
     run_native = bool(local) and mode in ("auto", "native")
-    named = [p.product for p in plan.gpus if p.name == bundle.target.gpu and p.sm_count == sms]
-    product = local[0].name if local else (named or ["NVIDIA GPU"])[0]
-    profile = GpuProfile(bundle.target.gpu or "bundle", arch, sms, product)
+    fitting = [p for p in plan.gpus if p.arch == arch and p.sm_count == sms]
+    named = [p for p in fitting if p.name == bundle.target.gpu] or fitting  # the bundle's profile, else --gpu's
+    product = local[0].name if local else (named[0].product if named else "NVIDIA GPU")
+    profile = GpuProfile(named[0].name if named else bundle.target.gpu or "bundle", arch, sms, product)
     return BuildTarget(arch, sms, (profile,), "native" if run_native else "cross")
+
+
+def _device_note(bundle: Manifest, target: BuildTarget) -> str | None:
+    """Why kernels will miss when the device name verify runs under is one the bundle does not serve."""
+    keys, device = bundle.device_keys, target.profiles[0].product
+    if keys is None or keys.accepts(device):
+        return None
+    return f"{device_note(keys)}, not {device}"
 
 
 def _check(plan, target: BuildTarget, root: Path, work: Path, jobs: int) -> tuple[VerifyReport, set[str]]:

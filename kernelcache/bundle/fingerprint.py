@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..errors import MissingDependency
 from .envscan import OPTION_ENV_VARS
-from .manifest import Environment, Manifest, Target, arch_to_capability
+from .manifest import DeviceKeys, Environment, Manifest, Target, arch_to_capability
 
 
 def python_tag() -> str:
@@ -175,12 +175,16 @@ def _capability(arch: str) -> int | None:
         return None
 
 
-def compare_gpu(target: Target, gpus: list) -> list[Difference]:
-    """Refuse a bundle whose arch (or, when it was built per GPU model, SM count) is not the GPU's."""
+def compare_gpu(target: Target, gpus: list, keys: DeviceKeys | None = None) -> list[Difference]:
+    """Refuse a bundle whose arch (or, when it was built per GPU model, SM count) is not the GPU's, and one whose
+    kernels the device name decided (``keys``: ``Manifest.device_keys``) on a GPU they do not serve."""
     diffs = []
     for gpu in gpus:
         if gpu.capability != target.capability:
             diffs.append(Difference(f"gpu[{gpu.index}].arch", target.arch, gpu.arch, True, gpu.name))
+        elif keys is not None and not keys.accepts(gpu.name):
+            diffs.append(Difference(f"gpu[{gpu.index}].device", f"{keys.device} ({target.gpu})", gpu.name, True,
+                                    device_note(keys)))
         elif target.sm_count and gpu.sm_count != target.sm_count:
             diffs.append(
                 Difference(
@@ -192,6 +196,12 @@ def compare_gpu(target: Target, gpus: list) -> list[Difference]:
                 )
             )
     return diffs
+
+
+def device_note(keys: DeviceKeys) -> str:
+    """Why a device-keyed bundle is refused on another product: which paths, and which products it serves."""
+    paths = ", ".join(sorted({t.path for t in keys.tables})) or "moe/mamba"
+    return f"{paths}: vLLM picks the kernels' configs by device name; this bundle serves {', '.join(keys.serves)}"
 
 
 def _first_difference(a: str | None, b: str | None) -> tuple[str, str]:

@@ -23,6 +23,8 @@ from . import canonical
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+# Build paths whose kernels vLLM configures by the GPU's device name (exercise/device_tables.py records the tables).
+DEVICE_NAME_PATHS = ("moe", "mamba")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -56,12 +58,38 @@ class FileRecord:
 
 
 @dataclass(frozen=True)
+class DeviceTable:
+    """A tuned-config table vLLM chose kernel configs from by the GPU's device name (exercise/device_tables.py)."""
+
+    path: str  # the build path whose exercise looked it up ("moe", "mamba")
+    loader: str | None  # vLLM's loader ("...fused_moe.fused_moe.get_moe_configs"); None: a lookup of no known loader
+    looked_for: str | None  # the file name vLLM looked for under the build's device name
+    file: str | None  # the file it read; None: none was there, vLLM's default config
+    sha256: str | None  # of that file
+    configs_sha256: str | None = None  # of the loader's answer, canonical JSON
+
+
+@dataclass(frozen=True)
+class DeviceKeys:
+    """What the device name decided: a bundle whose kernels depend on it serves the products in ``serves``."""
+
+    device: str  # the device name the build ran under ("NVIDIA H200")
+    tables: tuple[DeviceTable, ...]
+    serves: dict[str, str]  # profile -> device name: those of the arch and SM count with the same configs everywhere
+
+    def accepts(self, device: str) -> bool:
+        """Whether a GPU of this device name gets this bundle's kernels."""
+        return device == self.device or device in self.serves.values()
+
+
+@dataclass(frozen=True)
 class Target:
     backend: str
     arch: str  # "sm_90", "sm_100"; the cubins inside are sm_90a / sm_100a
     warp_size: int = 32
     gpu: str | None = None  # GPU profile name ("h200") when the build depended on it
     sm_count: int | None = None  # multiprocessor count the split top-p kernels were built for
+    device_keys: DeviceKeys | None = None  # set when kernels depend on the device name; left out of the JSON if None
 
     @property
     def capability(self) -> int:
@@ -161,6 +189,19 @@ class Manifest:
     def total_size(self) -> int:
         return sum(f.size for f in self.files())
 
+    @property
+    def device_keys(self) -> DeviceKeys | None:
+        """What the device name decided: the target's record, or for a bundle built before kernelcache recorded
+        it, what its plan implies (a moe or mamba path, built for one profile's device name, serves that one)."""
+        if self.target.device_keys is not None:
+            return self.target.device_keys
+        plan = self.build.plan if isinstance(self.build.plan, dict) else {}
+        if not set(plan.get("paths") or ()) & set(DEVICE_NAME_PATHS):
+            return None
+        products = {g.get("name"): g.get("product") for g in plan.get("gpus") or () if isinstance(g, dict)}
+        device = products.get(self.target.gpu)
+        return DeviceKeys(device, (), {self.target.gpu: device}) if isinstance(device, str) else None
+
     def to_dict(self) -> dict:
         """The manifest as JSON data, made once per manifest (an install needs it for the digest, the receipt and
         the journal: ~70 ms each for a 400-kernel bundle). Shared between callers: read it, never change it."""
@@ -174,6 +215,8 @@ class Manifest:
             data = _plain(asdict(self))
         if self.triton_identity is None:  # bundles without one keep their bytes (and digests)
             del data["triton_identity"]
+        if self.target.device_keys is None:  # likewise: bundles whose kernels no device name decided
+            del data["target"]["device_keys"]
         return data
 
     def to_json(self) -> bytes:
@@ -201,7 +244,7 @@ class Manifest:
         try:
             return _consistent(Manifest(
                 format_version=version,
-                target=_build(Target, data["target"]),
+                target=_build(Target, data["target"], device_keys=device_keys),
                 environment=_build(Environment, data["environment"]),
                 build=_build(Build, data["build"], skipped=tuple),
                 kernels=tuple(_build(Kernel, k, files=_records) for k in data.get("kernels", ())),
@@ -274,6 +317,16 @@ def identity_record(data: Any) -> TritonIdentity | None:
     if not all(isinstance(v, str) for v in values):
         raise ValueError("triton_identity holds a value that is not a string")
     return record
+
+
+def device_keys(data: Any) -> DeviceKeys | None:
+    """A target's ``device_keys`` from its JSON form (None stays None)."""
+    if data is None:
+        return None
+    keys = _build(DeviceKeys, data, tables=lambda items: tuple(_build(DeviceTable, t) for t in items), serves=dict)
+    if not all(isinstance(s, str) for s in (keys.device, *keys.serves, *keys.serves.values())):
+        raise ValueError("target.device_keys holds a value that is not a string")
+    return keys
 
 
 def _records(items: Any) -> tuple[FileRecord, ...]:

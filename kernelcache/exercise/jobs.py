@@ -24,6 +24,7 @@ from ..errors import BuildFailed
 from ..plan.recipe import BuildPlan
 from ..plan.targets import BuildTarget
 from ..plan.tasks import SAMPLER, Task, plan_units
+from .device_tables import candidates_env
 from .listener import ExerciseLog
 from .worker import Job
 
@@ -72,7 +73,8 @@ def _jobs(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: i
           extra_tasks: tuple[Task, ...], served: bool = False) -> list[tuple[str, Path, Job]]:
     threads = str(max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(plan_units(plan))))))
     env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_TRITON_JIT_WARMUP_NUM_THREADS": threads,
-           "TQDM_DISABLE": "1", **reproducible_cc(work)}
+           "TQDM_DISABLE": "1", **reproducible_cc(work),
+           **candidates_env(target.capability, target.sm_count, {p.name: p.product for p in target.profiles})}
     setup = ()
     if target.mode == "cross":
         product = target.profiles[0].product

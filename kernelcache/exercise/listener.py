@@ -131,6 +131,7 @@ class ExerciseLog:
     compiles: tuple[CompileRecord, ...] = ()
     gcc_builds: tuple[str, ...] = ()  # module names (__triton_launcher, cuda_utils)
     prebuilt: tuple[str, ...] = ()  # module names whose build the installed cache answered
+    device_tables: tuple[dict, ...] = ()  # device-keyed table lookups (exercise/device_tables.py)
 
     @classmethod
     def read(cls, paths) -> ExerciseLog:
@@ -138,7 +139,9 @@ class ExerciseLog:
         records = [r for path in paths for r in read(str(path))]
         names = {event: tuple(str(r.get("name")) for r in records if r.get("event") == event)
                  for event in ("gcc", "prebuilt")}
-        return cls(tuple(CompileRecord.from_dict(r) for r in compiles(records)), names["gcc"], names["prebuilt"])
+        tables = tuple(r for r in records if r.get("event") == "device_table")
+        return cls(tuple(CompileRecord.from_dict(r) for r in compiles(records)), names["gcc"], names["prebuilt"],
+                   tables)
 
 
 def compiles(records: list[dict]) -> list[dict]:

@@ -142,10 +142,13 @@ def prepare() -> dict:
     """Import shims (exercise/fake_ops.py) and, in cross mode, the platform's PDL answer; returns both."""
     import vllm._custom_ops  # noqa: F401 -- loads vLLM's compiled ops where they are installed
 
-    from . import fake_ops
+    from . import device_tables, fake_ops
 
     done = fake_ops.install()
     done["ops"] += install_ops(fake_ops)
+    from vllm.model_executor.layers.mamba.ops import mamba_ssm
+
+    device_tables.track(mamba_ssm, "get_ssm_configs")  # selective_state_update's configs, by device name
     done["platform"] = pdl_like_cuda() if cross() else []
     done["calls"] = [{"call": "torch.ops.vllm.mamba_mixer2", "by": "mamba_mixer2.mamba_mixer2 (mamba_mixer2.py:1230)",
                       "why": "under FakeTensorMode the custom op runs its fake impl, which launches no kernel"}

@@ -109,9 +109,13 @@ def prepare() -> dict:
     of vLLM's fused-MoE modules; the real ones are loaded first where they exist."""
     import vllm._custom_ops  # noqa: F401 -- loads vLLM's compiled ops where they are installed
 
-    from . import fake_ops
+    from . import device_tables, fake_ops
 
-    return fake_ops.install()
+    done = fake_ops.install()
+    from vllm.model_executor.layers.fused_moe import fused_moe
+
+    device_tables.track(fused_moe, "get_moe_configs")  # the tile configs vLLM picks by device name
+    return done
 
 
 def make_layer(num_experts: int, hidden_size: int, intermediate_size: int, top_k: int, dtype: str,
@@ -224,6 +228,7 @@ def tuned_config_file(name: str) -> str:
     folders = [os.environ.get("VLLM_TUNED_CONFIG_FOLDER"),
                os.path.join(os.path.dirname(os.path.realpath(fused_moe.__file__)), "configs")]
     for folder in folders:
-        if folder and os.path.exists(os.path.join(folder, name)):
+        # isfile, not exists: exercise/device_tables.py logs exists() lookups of device-keyed files as vLLM's
+        if folder and os.path.isfile(os.path.join(folder, name)):
             return os.path.join(folder, name).split("site-packages/")[-1]
     return f"default (no {name})"

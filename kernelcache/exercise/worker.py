@@ -55,9 +55,10 @@ def main(path: str) -> int:
     started = time.perf_counter()
     results, functions = [], set()
 
-    from . import listener
+    from . import device_tables, listener
 
     listener.install(job.compile_log)
+    device_tables.start(job.compile_log)
     if job.served:
         _served_helpers(job.cache_dir)
     listener.count_builds(job.compile_log)

@@ -1,8 +1,9 @@
 """A plan's build targets for one arch, and whether this interpreter can run the plan's paths.
 
 Profiles with the same arch and SM count compile identical sampler keys, so they share one ``BuildTarget``:
-one exercise run, one bundle per profile. The moe path also depends on the product name (vLLM picks its
-tuned fused-MoE tile configs by device name), so with it each product is its own target.
+one exercise run, one bundle per profile. The moe and mamba paths also depend on the product name (vLLM picks
+its tuned fused-MoE tile configs and ``selective_state_update``'s configs by device name), so with either each
+product is its own target (and a native build makes bundles only for the visible GPU's product).
 A target is ``native`` when a GPU of the arch is visible
 (mode auto) and ``cross`` (behind the fake target) otherwise.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..bundle.fingerprint import package_version
-from ..bundle.manifest import arch_to_capability
+from ..bundle.manifest import DEVICE_NAME_PATHS, arch_to_capability
 from ..errors import PathUnavailable, UsageError
 from .gpus import PROFILES, GpuProfile, VisibleGpu, profile_for
 from .recipe import BuildPlan
@@ -35,13 +36,19 @@ REQUIRED_MODULES = {
 }
 
 
+def device_keyed(plan: BuildPlan) -> bool:
+    """Whether the plan has a path vLLM configures by device name (a path that reads such a table but is not in
+    ``DEVICE_NAME_PATHS`` fails its build, build.py ``device_keys_of``, rather than mislabel a bundle)."""
+    return any(p in DEVICE_NAME_PATHS for p in plan.paths)
+
+
 @dataclass(frozen=True)
 class BuildTarget:
     arch: str
     sm_count: int
     profiles: tuple[GpuProfile, ...]
     mode: str  # "cross" | "native"
-    product: str = ""  # set when the keys depend on the product name (the moe path)
+    product: str = ""  # set when the keys depend on the product name (DEVICE_NAME_PATHS)
 
     @property
     def capability(self) -> int:
@@ -94,11 +101,13 @@ def plan_targets(plan: BuildPlan, arch: str, mode: str, gpus: list[VisibleGpu]) 
         if not local:
             raise UsageError(f"--mode native needs a visible {arch} GPU; none is visible (use --mode cross)")
         gpu = local[0]
-        matching = tuple(p for p in profiles if p.sm_count == gpu.sm_count)
+        matching = tuple(p for p in profiles if p.sm_count == gpu.sm_count
+                         and (not device_keyed(plan) or p.product == gpu.name))
         if profiles and not matching:
             names = ", ".join(p.name for p in profiles)
-            raise UsageError(f"the visible {gpu.name} has {gpu.sm_count} SMs, which matches none of the requested "
-                             f"profiles ({names}); use --mode cross to build for them")
+            what = "by name (the plan's kernels depend on it)" if device_keyed(plan) else f"({gpu.sm_count} SMs)"
+            raise UsageError(f"the visible {gpu.name} matches none of the requested profiles ({names}) {what}; "
+                             "use --mode cross to build for them")
         chosen = matching or (profile_for(gpu) or GpuProfile(f"local-{gpu.capability}", arch, gpu.sm_count, gpu.name),)
         return [BuildTarget(arch, gpu.sm_count, chosen, "native")]
     if not profiles:
@@ -108,5 +117,5 @@ def plan_targets(plan: BuildPlan, arch: str, mode: str, gpus: list[VisibleGpu]) 
                          f"({fits}) or define one in the recipe")
     by_sm: dict[tuple[int, str], list[GpuProfile]] = defaultdict(list)
     for p in profiles:
-        by_sm[(p.sm_count, p.product if "moe" in plan.paths else "")].append(p)
+        by_sm[(p.sm_count, p.product if device_keyed(plan) else "")].append(p)
     return [BuildTarget(arch, sm, tuple(ps), "cross", product) for (sm, product), ps in sorted(by_sm.items())]

@@ -44,7 +44,7 @@ def pull(ref: str, output_dir: str | os.PathLike = ".", arch: str | None = None,
 
     def accept(manifest: Manifest) -> None:  # before the download takes its name (remote/transfer.py)
         if not every:
-            check_target(manifest.target, arch, gpu, str(ref))
+            check_target(manifest, arch, gpu, str(ref))
 
     if str(ref).startswith("oci://"):
         from .oci import pull as pull_oci
@@ -73,7 +73,7 @@ def fetch(ref: str | os.PathLike, dest_dir: str | os.PathLike, arch: str | None 
     if not is_remote(ref):
         path = Path(ref)
         if arch is not None or gpu is not None:
-            check_target(read_manifest(path).target, arch, gpu, str(ref))
+            check_target(read_manifest(path), arch, gpu, str(ref))
         return path
     return pull(str(ref), dest_dir, arch=arch, gpu=gpu, verify_members=verify_members)[0].path
 
@@ -108,13 +108,16 @@ def _download_dir() -> Iterator[str]:
         yield path
 
 
-def check_target(target: Target, arch: str | None, gpu: str | None, source: str) -> None:
-    """An explicit ``--arch`` / ``--gpu`` refuses any bundle built for something else."""
+def check_target(manifest: Manifest, arch: str | None, gpu: str | None, source: str) -> None:
+    """An explicit ``--arch`` / ``--gpu`` refuses any bundle built for something else: another arch or SM count,
+    or, where the device name decided its kernels, another product that does not get the same configs."""
+    target, keys = manifest.target, manifest.device_keys
     if gpu is not None:
         from ..plan.gpus import profile
 
         want = profile(gpu)
-        if target.capability != want.capability or (target.sm_count and target.sm_count != want.sm_count):
+        if target.capability != want.capability or (target.sm_count and target.sm_count != want.sm_count) or (
+                keys is not None and not keys.accepts(want.product)):
             raise ArchMismatch(f"{source} was built for {_target(target)}, not for --gpu {want.name}",
                                [("target", _target(target), f"{want.name} ({want.arch}, {want.sm_count} SMs)")])
     if arch is not None and target.capability != _capability(arch):

@@ -144,6 +144,7 @@ def annotations(manifest: Manifest) -> dict[str, str]:
         "torch": env.torch, "vllm": env.vllm, "flashinfer": env.flashinfer,
         "fingerprint": fingerprint(env), "digest": archive.bundle_digest(manifest),
         "kernels": len(manifest.kernels), "build.mode": manifest.build.mode,
+        "serves": _serves(manifest),
     }
     found = {f"{ANNOTATION}{k}": str(v) for k, v in values.items() if v is not None}
     found["org.opencontainers.image.created"] = time.strftime(
@@ -349,12 +350,29 @@ def _resolve(ref: OciRef, index: dict, arch: str | None, gpu: str | None, every:
     return [ref.at(chosen.reference)]
 
 
+def _serves(manifest: Manifest) -> str | None:
+    """The device names a bundle whose kernels the device name decided serves (JSON: profile -> device name)."""
+    keys = manifest.device_keys
+    return None if keys is None else json.dumps(keys.serves, sort_keys=True, separators=(",", ":"))
+
+
 def _candidate(descriptor: dict) -> Candidate:
     notes = descriptor.get("annotations") or {}
     sm_count = notes.get(f"{ANNOTATION}sm_count")
     return Candidate(arch=notes.get(f"{ANNOTATION}arch", "sm_0"), gpu=notes.get(f"{ANNOTATION}gpu"),
                      sm_count=int(sm_count) if sm_count and sm_count.isdigit() else None,
-                     platform=notes.get(f"{ANNOTATION}platform"), reference=descriptor["digest"])
+                     platform=notes.get(f"{ANNOTATION}platform"), reference=descriptor["digest"],
+                     serves=_serves_note(notes.get(f"{ANNOTATION}serves")))
+
+
+def _serves_note(text: str | None) -> tuple[str, ...] | None:
+    """The device names of a ``serves`` annotation; None (no such note: any product of the SM count) if absent
+    or unreadable, which install's own check then backs."""
+    try:
+        found = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return tuple(sorted(str(v) for v in found.values())) if isinstance(found, dict) else None
 
 
 def _download(client, ref: OciRef, document: dict, output_dir: Path, names: set[str],

@@ -8,7 +8,9 @@ The rules, in order:
    that arch; neither means the visible GPUs, which must all be of one arch and SM count.
 3. A bundle built for exactly that SM count wins (by profile name first, where one is known),
    then a bundle built for the arch alone (no SM count: its kernels do not depend on it). With
-   only ``--arch`` given, a single bundle for that arch qualifies whatever its SM count.
+   only ``--arch`` given, a single bundle for that arch qualifies whatever its SM count. A bundle whose
+   kernels the device name decided (a ``serves`` note: the moe and mamba paths) qualifies only for the
+   device names it serves: the wanted profile's, or the visible GPU's.
 4. Nothing qualifying is an ``ArchMismatch`` that lists what the index has: installing another
    arch's bundle would recompile everything.
 """
@@ -31,6 +33,11 @@ class Candidate:
     sm_count: int | None = None
     platform: str | None = None  # "x86_64-linux"
     reference: str = ""  # a digest or a tag
+    serves: tuple[str, ...] | None = None  # device names, where the device name decided its kernels
+
+    def fits(self, device: str | None) -> bool:
+        """Whether it serves ``device`` (None, only ``--arch`` given: install's own GPU check decides)."""
+        return self.serves is None or device is None or device in self.serves
 
     @property
     def capability(self) -> int:
@@ -49,6 +56,7 @@ class Wanted:
     sm_count: int | None = None
     gpu: str | None = None  # a profile name to prefer among equal SM counts
     why: str = ""
+    device: str | None = None  # the device name: the visible GPU's, or the profile's product
 
     @property
     def label(self) -> str:
@@ -62,7 +70,7 @@ def wanted(gpus: list[VisibleGpu], arch: str | None = None, gpu: str | None = No
         chosen = profile(gpu)
         if arch is not None and arch_to_capability(arch) != chosen.capability:
             raise UsageError(f"--arch {arch} contradicts --gpu {chosen.name}, which is {chosen.arch}")
-        return Wanted(chosen.capability, chosen.sm_count, chosen.name, f"--gpu {chosen.name}")
+        return Wanted(chosen.capability, chosen.sm_count, chosen.name, f"--gpu {chosen.name}", chosen.product)
     if arch is not None:
         return Wanted(_capability(arch), why=f"--arch {arch}")
     kinds = sorted({(g.capability, g.sm_count) for g in gpus})
@@ -73,7 +81,8 @@ def wanted(gpus: list[VisibleGpu], arch: str | None = None, gpu: str | None = No
         raise UsageError(f"GPUs of different kinds are visible ({shown}); pick one with --gpu or CUDA_VISIBLE_DEVICES")
     first = gpus[0]
     match = profile_for(first)
-    return Wanted(first.capability, first.sm_count, match.name if match else None, f"visible GPU {first.name}")
+    return Wanted(first.capability, first.sm_count, match.name if match else None, f"visible GPU {first.name}",
+                  first.name)
 
 
 def choose(candidates: list[Candidate], gpus: list[VisibleGpu], arch: str | None = None, gpu: str | None = None,
@@ -81,7 +90,7 @@ def choose(candidates: list[Candidate], gpus: list[VisibleGpu], arch: str | None
     """The one candidate to install here, or a clear error saying why none fits."""
     want = wanted(gpus, arch, gpu)
     usable = [c for c in candidates if platform is None or c.platform in (None, platform)]
-    same_arch = [c for c in usable if c.capability == want.capability]
+    same_arch = [c for c in usable if c.capability == want.capability and c.fits(want.device)]
     exact = [c for c in same_arch if want.sm_count is not None and c.sm_count == want.sm_count]
     if exact:
         return sorted(exact, key=lambda c: (c.gpu != want.gpu, c.gpu or ""))[0]
@@ -94,8 +103,9 @@ def choose(candidates: list[Candidate], gpus: list[VisibleGpu], arch: str | None
         names = ", ".join(c.gpu or c.label for c in same_arch)
         raise UsageError(f"the index has several bundles for sm_{want.capability} ({names}); pick one with --gpu")
     listed = ", ".join(c.label for c in candidates) or "nothing"
+    device = f" ({want.device})" if any(not c.fits(want.device) for c in usable) else ""
     raise ArchMismatch(
-        f"the index has no bundle for {want.label}{_platform_note(candidates, usable, platform)}; "
+        f"the index has no bundle for {want.label}{device}{_platform_note(candidates, usable, platform)}; "
         "installing another one would recompile every kernel",
         [("bundle for", listed, want.label)],
     )
