@@ -16,6 +16,8 @@ import pytest
 from kernelcache.bundle import archive, canonical
 from kernelcache.bundle.manifest import (
     Build,
+    DeviceKeys,
+    DeviceTable,
     Environment,
     FileRecord,
     FlashInferModule,
@@ -26,6 +28,7 @@ from kernelcache.bundle.manifest import (
     TritonIdentity,
     _plain,
 )
+from kernelcache.errors import BundleManifestError
 
 SHA = "0123456789abcdef" * 4
 
@@ -35,6 +38,8 @@ def old_data(manifest: Manifest) -> dict:
     data = _plain(dataclasses.asdict(manifest))
     if manifest.triton_identity is None:
         del data["triton_identity"]
+    if manifest.target.device_keys is None:  # bundles whose kernels no device name decided keep their bytes
+        del data["target"]["device_keys"]
     return data
 
 
@@ -90,8 +95,12 @@ def manifests() -> list[Manifest]:
         dataclasses.replace(base.kernels[0], constexprs={"N": True, 3: "int key"}),
         dataclasses.replace(base.kernels[0], constexprs={"S": type("Text", (str,), {})("sub")}),
     ]
+    keys = DeviceKeys("NVIDIA H200", (DeviceTable("moe", "vllm.x.get_moe_configs", "E=8.json", "E=8.json", SHA, SHA),
+                                      DeviceTable("mamba", None, "h.json", None, None)),
+                      {"h100-sxm": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"})
+    device_keyed = dataclasses.replace(base, target=dataclasses.replace(base.target, device_keys=keys))
     return [base, dataclasses.replace(base, triton_identity=identity), Manifest(base.target, base.environment,
-                                                                               base.build)] + [
+                                                                               base.build), device_keyed] + [
         dataclasses.replace(base, kernels=(k,)) for k in unusual]
 
 
@@ -145,3 +154,17 @@ def test_a_real_bundles_manifest_is_canonical_and_its_digest_unchanged(bundle90)
     assert member == old_canonical(manifest) == manifest.to_json()  # archive.write stores the canonical form
     assert same(manifest.to_dict(), old_data(manifest))
     assert archive.bundle_digest(manifest) == hashlib.sha256(member).hexdigest()
+
+
+@pytest.mark.fast
+def test_device_keys_round_trip_and_malformed_ones_are_refused():
+    keyed = manifests()[3]
+    assert keyed.target.device_keys is not None
+    assert Manifest.from_json(keyed.to_json()).target == keyed.target  # (its constexprs hold a NaN and tuples)
+    data = json.loads(keyed.to_json())
+    data["target"]["device_keys"]["serves"] = {"h200": 7}
+    with pytest.raises(BundleManifestError):
+        Manifest.from_dict(data)
+    data["target"]["device_keys"] = {"device": "x", "tables": [{"path": "moe"}], "serves": {}}
+    with pytest.raises(BundleManifestError):
+        Manifest.from_dict(data)

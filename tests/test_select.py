@@ -85,3 +85,23 @@ def test_ambiguous_or_impossible_requests_are_usage_errors():
 def test_arch_alone_takes_the_only_bundle_of_that_arch():
     only = [Candidate("sm_90", "h200", 132, None, "sha256:h")]
     assert choose(only, [], arch="sm_90").reference == "sha256:h"
+
+
+SXM = VisibleGpu(0, "NVIDIA H100 80GB HBM3", 90, 132)
+
+
+def test_a_device_keyed_bundle_is_picked_only_for_the_products_it_serves():
+    """MoE bundles (a ``serves`` note): an H100 never gets the h200 bundle, even as the only one of its SM count."""
+    moe = [Candidate("sm_90", "h200", 132, None, "sha256:h200", serves=("NVIDIA H200",)),
+           Candidate("sm_90", "h100-sxm", 132, None, "sha256:sxm", serves=("NVIDIA H100 80GB HBM3",))]
+    assert choose(moe, [SXM]).reference == "sha256:sxm"
+    assert choose(moe, [H200]).reference == "sha256:h200"
+    assert choose(moe, [], gpu="h100-sxm").reference == "sha256:sxm"
+    with pytest.raises(ArchMismatch, match="NVIDIA H100 80GB HBM3"):
+        choose(moe[:1], [SXM])
+    with pytest.raises(ArchMismatch):
+        choose(moe[:1], [], gpu="h100-sxm")
+    both = [Candidate("sm_90", "h200", 132, None, "sha256:both", serves=("NVIDIA H100 80GB HBM3", "NVIDIA H200"))]
+    assert choose(both, [SXM]).reference == "sha256:both"
+    # a sampler bundle (no note) still serves every product of its SM count
+    assert choose([Candidate("sm_90", "h200", 132, None, "sha256:s")], [SXM]).reference == "sha256:s"
