@@ -135,3 +135,14 @@ def test_bad_arguments_fail_before_anything_is_imported(change):
     with pytest.raises(ValueError, match="mamba: "):
         mamba(**{**NEMOTRON_H_8B, "max_num_seqs": 2, "max_num_batched_tokens": 4, **change})
     assert not {m for m in set(sys.modules) - modules if m.startswith(("vllm", "torch", "einops"))}
+
+
+def test_the_bundle_records_the_ssu_table_the_device_name_picked(mamba_build):
+    """``selective_state_update``'s block size and warps come from a table named after the device; H100 and H200
+    tables differ for Nemotron-H's heads, so the bundle serves the H200 alone (issue 31)."""
+    bundle, _ = mamba_build
+    keys = archive.read_manifest(bundle).target.device_keys
+    tables = {(t.path, t.loader.rsplit(".", 1)[-1], t.file) for t in keys.tables}
+    assert tables == {("mamba", "get_ssm_configs",
+                       "headdim=64,dstate=128,device_name=NVIDIA_H200,cache_dtype=float32.json")}
+    assert (keys.device, keys.serves) == (PRODUCT, {GPU: PRODUCT})
