@@ -21,7 +21,7 @@ from helpers.common import ROOT, clean_env, kc
 from helpers.fakegpu import build_stub, env_for
 
 from kernelcache.bundle import archive
-from kernelcache.plan.gpus import PROFILES
+from kernelcache.plan.gpus import PROFILES, VisibleGpu
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -181,3 +181,16 @@ def moe_configs(device: str) -> list:
                           env=clean_env(CUDA_VISIBLE_DEVICES=""))
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_index_annotation_carries_what_a_bundle_serves(bundles):
+    """What ``push`` writes on each index entry is what selection reads back (remote/oci.py)."""
+    from kernelcache.remote import oci
+    from kernelcache.remote.select import choose
+
+    candidates = [oci._candidate({"annotations": oci.annotations(archive.read_manifest(bundles[name])),
+                                  "digest": name}) for name in ("moe-h200", "moe-h100-sxm", "sampler-h200")]
+    assert [c.serves for c in candidates] == [(H200.product,), (H100.product,), None]
+    sxm = VisibleGpu(0, H100.product, 90, 132)
+    assert choose(candidates[:2], [sxm]).reference == "moe-h100-sxm"
+    assert choose(candidates[:1] + candidates[2:], [sxm]).reference == "sampler-h200"

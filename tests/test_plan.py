@@ -209,6 +209,17 @@ def test_moe_targets_split_by_product_name(tmp_path):
     assert len({t.label for t in cross}) == 2
     sampler = plan.override(paths=["mrv2"])
     assert [[p.name for p in t.profiles] for t in plan_targets(sampler, "sm_90", "cross", [])] == [["h100-sxm", "h200"]]
+    # mamba too: selective_state_update's configs are read by device name
+    nemotron = plan_file.load(plan_file.DEFAULT_RECIPE.parent / "models" / "nemotron-h-8b.toml")
+    assert [[p.name for p in t.profiles] for t in plan_targets(nemotron, "sm_90", "cross", [])] == [["h100-sxm"],
+                                                                                                   ["h200"]]
+    # a native build makes bundles only for the visible GPU's product, and says so when none is requested
+    h100 = VisibleGpu(0, "NVIDIA H100 80GB HBM3", 90, 132)
+    [native] = plan_targets(plan, "sm_90", "native", [h100])
+    assert [p.name for p in native.profiles] == ["h100-sxm"]
+    assert [p.name for p in plan_targets(sampler, "sm_90", "native", [h100])[0].profiles] == ["h100-sxm", "h200"]
+    with pytest.raises(UsageError, match="by name"):
+        plan_targets(plan.override(gpus=["h200"]), "sm_90", "native", [h100])
 
 
 # -- the attention path (vLLM's Triton attention backend) ------------------------------------------
