@@ -341,6 +341,113 @@ def run(bundle: str | None, cache_dir: str | None, force: bool, read_only: bool,
            miss_log=miss_log)
 
 
+# -- cache management: what is installed in a cache dir ---------------------------------------------
+
+
+@main.command()
+@cache_dir_option
+@click.option("--json", "as_json", is_flag=True)
+def ls(cache_dir: str | None, as_json: bool) -> None:
+    """List the bundles installed in a cache dir: target, fingerprint match, kernels, size, when installed and
+    last served, entries shared with other bundles."""
+    from .manage import ls as do_ls
+
+    listing = do_ls(cache_dir)
+    for warning in listing.warnings:
+        err.print(f"warning: {warning}", markup=False)
+    if as_json:
+        _json(listing.to_dict())
+    else:
+        _render_listing(listing)
+
+
+def _render_listing(listing) -> None:
+    from rich.text import Text
+
+    from .bundle.inspect import human_size
+
+    table = _table(title=f"{listing.cache_dir}", title_justify="left")
+    for column in ("name", "digest", "target", "matches", "kernels", "size", "rm frees", "installed", "last served",
+                   "shared"):
+        table.add_column(column, overflow="fold")
+    for b in listing.bundles:
+        matches = {True: Text("yes"), False: Text("NO", style="bold red"), None: Text("?")}[b.matches]
+        shared = ", ".join(f"{s.entries} with {s.name}" for s in b.shared_with) or "-"
+        table.add_row(Text(b.name), b.digest[:12], " ".join(filter(None, (b.arch, b.gpu))), matches, str(b.kernels),
+                      b.size_on_disk_str, human_size(b.exclusive_size), _when(b.installed_at), _when(b.last_served),
+                      Text(shared))
+    out.print(table)
+    for b in listing.bundles:
+        for difference in b.differences:
+            out.print(f"{b.name}: {difference}", markup=False)
+        if b.missing_files:
+            out.print(f"{b.name}: {b.missing_files} installed file(s) missing; install it again", markup=False)
+    out.print(f"{len(listing.bundles)} bundle(s), {human_size(listing.size_on_disk)} on disk", markup=False)
+
+
+def _when(seconds: float | None) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds)) if seconds else "-"
+
+
+@main.command()
+@click.argument("bundle")
+@cache_dir_option
+@click.option("--json", "as_json", is_flag=True)
+def rm(bundle: str, cache_dir: str | None, as_json: bool) -> None:
+    """Remove an installed BUNDLE (its name as `kernelcache ls` shows it, or its digest) and the entries no other
+    installed bundle uses."""
+    from .bundle.inspect import human_size
+    from .manage import rm as do_rm
+
+    result = do_rm(bundle, cache_dir)
+    if as_json:
+        _json(result.to_dict())
+        return
+    gone = result.bundle
+    click.echo(f"removed {gone.name} ({gone.digest[:16]}): {len(gone.removed)} entries, {human_size(gone.freed)}; "
+               f"{len(gone.kept)} kept (other installed bundles use them)")
+    _say_stuck(gone)
+
+
+def _say_stuck(gone) -> None:
+    if gone.stuck:
+        err.print(f"warning: {len(gone.stuck)} entries of {gone.name} could not be moved out and stay, whole: "
+                  f"{', '.join(gone.stuck[:3])}{' …' if len(gone.stuck) > 3 else ''}", markup=False)
+
+
+@main.command()
+@cache_dir_option
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@click.option("--max-age", type=click.FloatRange(min=0), default=30.0, show_default=True, metavar="DAYS",
+              help="Drop served and checked records unused for this many days.")
+@click.option("--json", "as_json", is_flag=True)
+def prune(cache_dir: str | None, dry_run: bool, max_age: float, as_json: bool) -> None:
+    """Remove bundles whose fingerprint no longer matches this environment, what interrupted installs left, and
+    stale or unused served and checked records."""
+    from .bundle.inspect import human_size
+    from .manage import prune as do_prune
+
+    result = do_prune(cache_dir, dry_run=dry_run, max_age_days=max_age)
+    if as_json:
+        _json(result.to_dict())
+        return
+    verb = "would remove" if dry_run else "removed"
+    for gone in result.bundles:
+        why = gone.differences[0] if gone.differences else "fingerprint differs"
+        click.echo(f"{verb} {gone.name} ({gone.digest[:16]}): {len(gone.removed)} entries, {human_size(gone.freed)}; "
+                   f"{len(gone.kept)} kept (other installed bundles use them); {why}")
+        _say_stuck(gone)
+    if result.leftovers:
+        click.echo(f"{'would finish' if dry_run else 'finished'} what interrupted installs or removals left: "
+                   f"{', '.join(result.leftovers)}")
+    if result.records:
+        click.echo(f"{verb} {len(result.records)} stale or unused record(s)")
+    if not (result.bundles or result.leftovers or result.records):
+        click.echo(f"nothing to prune in {result.cache_dir}")
+
+
 @main.command()
 @click.option("--arch", required=True, help="Target GPU arch, e.g. sm_90 or sm_100.")
 @plan_options("Build recipe [default: cache-manifests/vllm-sampler.toml].")

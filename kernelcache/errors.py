@@ -125,6 +125,19 @@ class ReadOnlyCache(KernelcacheError):
     exit_code = 42
 
 
+class NotInstalled(KernelcacheError):
+    """``rm``: no bundle installed in the cache dir has that name or digest, or the name is ambiguous."""
+
+    exit_code = 43
+
+
+class NotACacheDir(KernelcacheError):
+    """``ls`` / ``rm`` / ``prune``: the path is not a kernelcache cache dir (missing, or no ``.kernelcache``
+    state in it), or its state cannot be read (an install receipt that does not parse)."""
+
+    exit_code = 44
+
+
 class CompilesDetected(KernelcacheError):
     """verify saw at least one real compile (a cache miss)."""
 

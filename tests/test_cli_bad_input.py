@@ -20,6 +20,8 @@ from helpers.common import clean_env, kc
 from kernelcache.bundle import archive
 from kernelcache.errors import (
     BaseUnusable,
+    NotACacheDir,
+    NotInstalled,
     RecipeError,
     RemoteError,
     StorageError,
@@ -28,6 +30,7 @@ from kernelcache.errors import (
 
 USAGE, MANIFEST, STORAGE, BASE, REMOTE = (UsageError.exit_code, RecipeError.exit_code, StorageError.exit_code,
                                           BaseUnusable.exit_code, RemoteError.exit_code)
+NOT_INSTALLED, NOT_A_CACHE = NotInstalled.exit_code, NotACacheDir.exit_code
 BUILD = ("build", "--arch", "sm_90", "--gpu", "h200", "--vocab", "32768", "--dtype", "float32", "--path", "mrv2")
 
 
@@ -80,6 +83,10 @@ def case_setup(name: str, bundle: Path, tmp: Path) -> tuple[list[str], dict[str,
                                                      str(tmp / "o")], {}),
         "verify a cache whose receipt lost its manifest": (["verify", "--cache-dir", "NOMANIFEST"], {}),
         "verify a merged bundle": (["verify", "MERGED"], {}),
+        "rm a bundle that is not installed": (["rm", "nosuch", "--cache-dir", "INSTALLED"], {}),
+        "rm from a cache dir with a corrupt receipt": (["rm", "small-sm_90", "--cache-dir", "BROKEN"], {}),
+        "ls a cache dir that does not exist": (["ls", "--cache-dir", str(tmp / "nowhere")], {}),
+        "prune a dir that is not a cache dir": (["prune", "--cache-dir", str(tmp)], {}),
     }
     return cases[name]
 
@@ -111,6 +118,10 @@ EXPECTED = {
     "a read-only base with a corrupt receipt": (BASE, "is unreadable"),
     "verify a cache whose receipt lost its manifest": (USAGE, "holds no installed bundle"),
     "verify a merged bundle": (USAGE, "a merged bundle records no single build plan"),
+    "rm a bundle that is not installed": (NOT_INSTALLED, "no bundle named or with digest 'nosuch'"),
+    "rm from a cache dir with a corrupt receipt": (NOT_A_CACHE, "is unreadable"),
+    "ls a cache dir that does not exist": (NOT_A_CACHE, "does not exist"),
+    "prune a dir that is not a cache dir": (NOT_A_CACHE, "is not a kernelcache cache dir"),
 }
 
 
@@ -128,6 +139,9 @@ def _placeholders(argv: list[str], bundle: Path, cache90: Path, tmp: Path) -> li
         cache = installed(bundle, tmp / "nomanifest")
         receipt_of(cache).write_text(json.dumps({"digest": "abc"}))
         argv = [str(cache) if a == "NOMANIFEST" else a for a in argv]
+    if "INSTALLED" in argv:
+        cache = installed(bundle, tmp / "c")
+        argv = [str(cache) if a == "INSTALLED" else a for a in argv]
     if "MERGED" in argv:
         merged = tmp / "merged.tar.zst"
         kc("merge", str(bundle), str(bundle), "-o", str(merged), check=True)

@@ -7,7 +7,6 @@ separate Python using Triton's own ``FileCacheManager``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.bundles import split
 from helpers.cachecheck import bundle_state, expected_bytes, leftovers
 from helpers.common import ROOT, clean_env
 
@@ -68,14 +68,6 @@ def test_32_processes_installing_one_bundle_extract_it_once(bundle90, tmp_path):
     assert len(extractions(cache)) == 1
     assert bundle_state(cache, manifest, expected_bytes(bundle90)) == "all"
     assert leftovers(cache) == {"staging": [], "journal": [], "temp": []}
-
-
-def split(bundle: Path, out: Path, kernels: slice, modules: slice) -> Path:
-    manifest = archive.read_manifest(bundle)
-    part = dataclasses.replace(manifest, kernels=manifest.kernels[kernels], modules=manifest.modules[modules])
-    keep = {f.path for f in part.files()}
-    data = {n: d for _, n, d in archive.iter_members(bundle) if n in keep}
-    return archive.write(out, part, [(n, lambda d=d: d) for n, d in data.items()])
 
 
 def test_two_different_bundles_at_once_both_complete_neither_clobbers(bundle90, tmp_path):

@@ -41,6 +41,7 @@ LAYERS = (
     ("remote", ("kernelcache.remote",)),  # transport: a bundle from a registry or a URL, verified on arrival
     ("install", ("kernelcache.install",)),
     ("runtime", ("kernelcache.runtime",)),
+    ("manage", ("kernelcache.manage",)),  # ls / rm / prune: what install put in a cache dir, and what serves it
     ("verify", ("kernelcache.verify",)),
     ("cli", ("kernelcache.cli", "kernelcache.entry", "kernelcache.__main__")),
 )

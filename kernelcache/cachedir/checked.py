@@ -17,7 +17,8 @@ real path>.json`` with what that decision rested on:
 
 ``find_checked`` answers the digest only when every one of these holds now, the receipt is there, every
 installed file is there and no install is half-published; anything else answers None and the caller takes
-the full path, which checks everything again. The record is never the only guard of a refusal: it exists
+the full path, which checks everything again (a record that answers gets its mtime set to now: ``prune`` removes
+records unused for long). The record is never the only guard of a refusal: it exists
 only for a bundle that was accepted, under exactly the state that is compared. Reading it takes the standard
 library's os, json and hashlib and nothing heavier (no dataclasses, pathlib or subprocess: each costs a pod
 start 15-40 ms of imports on 2 cores), so the entry point answers a no-op install before click or the
@@ -98,6 +99,10 @@ def find_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None,
         return None
     if not isinstance(record, dict) or not _holds(record, root, bundle, check_gpu):
         return None
+    try:  # noqa: SIM105 -- contextlib is one more import on every pod start
+        os.utime(_record_path(root, os.fspath(bundle)))  # used now: prune keeps what is used
+    except OSError:
+        pass
     return Checked(root, record["digest"], tuple(record["warnings"]))
 
 
@@ -116,3 +121,18 @@ def _holds(record: dict, root: str, bundle: str | os.PathLike, check_gpu: bool) 
     if check_gpu and record.get("gpu") != gpu_witness():
         return False
     return record.get("environment_key") == key_digest(scan_key())
+
+
+# -- for cache management (kernelcache prune) -------------------------------------------------------
+
+
+def record_holds(path: str) -> bool:
+    """Whether the record at ``path`` could answer again: it reads, is of this format and kernelcache version, and
+    its bundle file is still the one it checked (the identity holds a ctime, which never goes back)."""
+    try:
+        with open(path, "rb") as handle:
+            record = json.loads(handle.read())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(record, dict) and record.get("format") == FORMAT and record.get("kernelcache") == __version__
+            and isinstance(record.get("bundle"), str) and record.get("identity") == bundle_identity(record["bundle"]))

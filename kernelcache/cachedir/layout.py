@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import os
 
+TYPE_CHECKING = False  # typing itself is not imported: this module is read on every pod start
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
 STATE_DIR = ".kernelcache"
 FLASHINFER_SITE_DIR = "flashinfer"  # under STATE_DIR: FlashInfer's provider registration (flashinfer_site.py)
 # Under the cache dir: installed FlashInfer modules (bundle/manifest.py's FLASHINFER_ROOT, the members' top dir;
@@ -31,14 +35,22 @@ SWEPT = (("journal", "*"), ("installed", ".*"), ("fingerprints", ".*"), ("checke
 
 
 def unfinished(state: str) -> bool:
-    """Whether a killed or running install left anything under ``state``: a journal, a staging dir, a temp file.
+    """Whether a killed or running install or removal left anything under ``state``: a journal, a staging dir, a
+    temp file.
 
     Without the lock this can only say "nothing yet": an install that starts right after is the lock
     holder's business, exactly as if this check had taken the lock first."""
-    if _names(os.path.join(state, "staging")):
-        return True
-    return any(name.startswith(".") == (pattern == ".*")  # as glob matches them: "*" skips dot names
-               for sub, pattern in SWEPT for name in _names(os.path.join(state, sub)))
+    return next(leftover_names(state), None) is not None
+
+
+def leftover_names(state: str) -> Iterator[str]:
+    """What ``unfinished`` looks for, each as ``<subdir>/<name>`` under ``state``, as it is found."""
+    for name in _names(os.path.join(state, "staging")):
+        yield f"staging/{name}"
+    for sub, pattern in SWEPT:
+        for name in _names(os.path.join(state, sub)):
+            if name.startswith(".") == (pattern == ".*"):  # as glob matches them: "*" skips dot names
+                yield f"{sub}/{name}"
 
 
 def _names(directory: str) -> list[str]:
@@ -46,6 +58,20 @@ def _names(directory: str) -> list[str]:
         return os.listdir(directory)
     except OSError:
         return []
+
+
+def kept_records(root: str, sub: str) -> list[tuple[str, float]]:
+    """(path, mtime) of each ``*.json`` record under ``<root>/.kernelcache/<sub>/`` (``served``, ``checked``),
+    newest first."""
+    folder = os.path.join(root, STATE_DIR, sub)
+    found = []
+    for name in _names(folder):
+        if name.endswith(".json") and not name.startswith("."):
+            try:
+                found.append((os.path.join(folder, name), os.stat(os.path.join(folder, name)).st_mtime))
+            except OSError:  # removed meanwhile
+                continue
+    return sorted(found, key=lambda item: item[1], reverse=True)
 
 
 def keep_newest(folder: str, keep: int) -> None:

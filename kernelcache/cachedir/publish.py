@@ -7,9 +7,14 @@ partial one; complete entries already there are left alone. A reader never sees 
 Triton trusts an entry only once its group file exists (``FileCacheManager.put_group`` in
 triton/runtime/cache.py writes it last), and each new entry appears in one rename.
 
-``recover`` (under the lock) rolls every journal forward: it publishes what its staging dir still
-holds, writes the receipt once every entry is complete, and drops the journal; then ``sweep``
-removes staging dirs and temporary files no journal needs.
+Removing a bundle (``withdraw``) runs the other way, under the same lock and journal: a ``Removal``
+journal names the entries no other installed bundle uses; then the receipt goes (kernelcache stops
+trusting the bundle), each entry is renamed whole out of the cache into staging (a reader finds it
+complete or not at all, never partial) and deleted there, and the journal is dropped.
+
+``recover`` (under the lock) rolls every journal forward: an install's publishes what its staging dir
+still holds, writes the receipt once every entry is complete, and drops the journal; a removal's
+finishes the removal. Then ``sweep`` removes staging dirs and temporary files no journal needs.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from pathlib import Path
 from ..errors import StorageError
 from ..runtime.site.kernelcache_prebuilt import SOURCE_SUFFIX
 from .layout import SWEPT, unfinished
-from .state import CacheDir, Receipt
+from .state import REMOVAL_SUFFIX, CacheDir, Receipt
 
 
 @dataclass(frozen=True)
@@ -135,23 +140,135 @@ def recover(cache_dir: Path | CacheDir, locked: bool = False) -> int:
                 return recover(cache, locked=True)
         except OSError as exc:
             raise StorageError(f"cannot finish an interrupted install in {cache.root}: {exc.strerror or exc}") from None
-    finished = sum(roll_forward(cache, journal) for journal in cache.pending_journals())
+    finished = sum(finish_removal(cache, journal) if journal.name.endswith(REMOVAL_SUFFIX)
+                   else roll_forward(cache, journal) for journal in cache.pending_journals())
     sweep(cache)
     return finished
 
 
 def roll_forward(cache: CacheDir, path: Path) -> int:
     """Publish what one journal's staging dir still holds, then its receipt; 1 if it was one of ours."""
-    try:
-        journal = Journal.read(path)
-    except ValueError:
-        path.unlink(missing_ok=True)  # torn before its rename: nothing was published under it
+    journal = _read_journal(Journal, path)
+    if journal is None:
         return 0
     publish_entries(cache.root, cache.state / "staging" / journal.staging, journal.entries, [])
     if all(complete_entry(cache.root / rel) for rel in journal.entries):
         write_receipt(cache, journal.receipt)
     path.unlink()
     return 1
+
+
+# -- removing a bundle -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Removal:
+    """A removal's intent, written before the receipt goes: roll it forward after a kill."""
+
+    digest: str
+    entries: tuple[str, ...]  # the bundle's entries no other installed bundle used when it was planned
+    trash: str  # how the entries are named once renamed into .kernelcache/staging/, to be deleted there
+
+    def to_json(self) -> str:
+        return json.dumps({"digest": self.digest, "entries": list(self.entries), "trash": self.trash})
+
+    @classmethod
+    def read(cls, path: Path) -> Removal:
+        """``ValueError`` when the journal is torn or not one of ours."""
+        try:
+            data = json.loads(path.read_text())
+            removal = cls(str(data["digest"]), tuple(map(str, data["entries"])), Path(data["trash"]).name)
+        except (OSError, KeyError, TypeError) as exc:
+            raise ValueError(f"torn journal {path.name}: {exc!r}") from None
+        if not removal.trash.startswith("rm-"):
+            raise ValueError(f"journal {path.name} names a trash name that is not a removal's")
+        return removal
+
+
+def withdraw(cache: CacheDir, digest: str, entries: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Remove the installed bundle ``digest`` and ``entries`` (its entries no other bundle uses), crash-safely;
+    only the lock holder calls this. A kill at any point leaves the journal that ``recover`` finishes. Returns
+    the entries that could not be renamed out (a mount point, a permission): left in place, whole."""
+    removal = Removal(digest, tuple(entries), f"rm-{digest[:16]}-{os.getpid()}")
+    path = cache.removal_path(digest)
+    atomic_write(path, removal.to_json().encode())
+    return _finish(cache, path, removal)
+
+
+def finish_removal(cache: CacheDir, path: Path) -> int:
+    """Carry out a removal journal a killed process left; 1 if it was one of ours."""
+    removal = _read_journal(Removal, path)
+    if removal is None:
+        return 0
+    _finish(cache, path, removal)
+    return 1
+
+
+def _read_journal(kind: type[Journal] | type[Removal], path: Path) -> Journal | Removal | None:
+    """The journal at ``path``; None once a torn one is dropped (cut short before its rename, so nothing was
+    published or removed under it)."""
+    try:
+        return kind.read(path)
+    except ValueError:
+        path.unlink(missing_ok=True)
+        return None
+
+
+def _finish(cache: CacheDir, path: Path, removal: Removal) -> tuple[str, ...]:
+    """Drop the receipt, move each entry out whole and delete it, drop the journal; the entries left in place."""
+    try:
+        cache.receipt_path(removal.digest).unlink(missing_ok=True)
+    except OSError:
+        path.unlink(missing_ok=True)  # nothing was removed under it: the bundle stays installed, whole
+        raise
+    stuck = _move_out(cache, removal)
+    _drop_empty_parents(cache.root, removal.entries)
+    path.unlink()
+    return stuck
+
+
+def _move_out(cache: CacheDir, removal: Removal) -> tuple[str, ...]:
+    """Rename each entry of ``removal`` into staging, whole, and delete it there; the ones that cannot be renamed
+    stay, whole (unowned Triton entries). Entries an installed bundle lists now stay too (only a receipt that
+    appeared since the journal was written, which no install can do before it recovers); with any receipt
+    unreadable, every entry stays."""
+    scan = cache.scan()
+    used = None if scan.bad else {e for r in scan.receipts for e in r.uses}
+    stuck = []
+    for index, rel in enumerate(removal.entries):
+        entry = cache.root / rel
+        if used is None or rel in used or not _removable(rel) or not os.path.lexists(entry):
+            continue
+        trash = cache.state / "staging" / f"{removal.trash}-{index}-{os.getpid()}"
+        try:
+            os.rename(entry, trash)  # one rename: whole or gone, never partial
+        except OSError:
+            stuck.append(rel)
+            continue
+        shutil.rmtree(trash, ignore_errors=True)  # what stays is a staging leftover: the next sweep takes it
+    return tuple(stuck)
+
+
+def _removable(rel: str) -> bool:
+    """An entry name an install could have published: a plain relative path inside the cache, outside its state."""
+    from ..bundle.archive import check_member_name  # only a removal pays for the archive module's imports
+    from ..errors import UnsafeMemberError
+
+    try:
+        check_member_name(rel)
+    except UnsafeMemberError:
+        return False
+    return True
+
+
+def _drop_empty_parents(root: Path, entries: tuple[str, ...]) -> None:
+    """Remove the directories that held nested entries (FlashInfer's ``flashinfer/<dir>/<name>``) once empty."""
+    parents = {parent for rel in entries for parent in Path(rel).parents if parent != Path(".")}
+    for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+        try:
+            (root / parent).rmdir()
+        except OSError:  # not empty (another bundle's module, a Triton entry) or gone
+            continue
 
 
 def leftovers(cache: CacheDir) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ if TYPE_CHECKING:  # parsed only where a receipt is read: `env` on every pod sta
     from ..bundle.manifest import Manifest
 
 _STATE_SUBDIRS = ("staging", "installed", "journal")
+REMOVAL_SUFFIX = ".rm.json"  # journal/<digest>.rm.json: a removal's journal (journal/<digest>.json: an install's)
 
 
 def lock_timeout() -> float:
@@ -99,6 +101,12 @@ class Receipt:
     cache_dir: str = ""
     installed_at: float = 0.0
     pid: int = 0
+
+    @functools.cached_property
+    def uses(self) -> tuple[str, ...]:
+        """The entries the bundle uses: those it published and the directory of every file its manifest lists
+        (the same set for a receipt an install wrote), sorted."""
+        return tuple(sorted({*self.entries, *(os.path.dirname(f.path) for f in self.manifest.files())}))
 
     def to_dict(self) -> dict[str, Any]:
         return {"digest": self.digest, "bundle": self.bundle, "cache_dir": self.cache_dir,
@@ -239,8 +247,12 @@ class CacheDir:
     def journal_path(self, digest: str) -> Path:
         return self.state / "journal" / f"{digest}.json"
 
+    def removal_path(self, digest: str) -> Path:
+        return self.state / "journal" / f"{digest}{REMOVAL_SUFFIX}"
+
     def pending_journals(self) -> list[Path]:
-        """Journals of installs a killed process left half-published (``recover`` finishes them)."""
+        """Journals of installs a killed process left half-published and of removals it left half-done (``recover``
+        finishes both)."""
         return sorted((self.state / "journal").glob("*.json"))
 
     def log(self, record: dict) -> None:

@@ -24,7 +24,10 @@ install left anything to finish, it is kept in ``<cache>/.kernelcache/served/<ha
 ``find_served`` answers the variables only when the cache dir is writable (a read-only one is checked the full
 way), no install left anything to finish (the full way rolls it forward), every stamp holds and the workspace
 choice is the same; otherwise None, and the caller computes everything again, refusing what it refuses. It
-reads with the standard library's os, json, hashlib and sys alone.
+reads with the standard library's os, json, hashlib and sys alone. A record it answers from gets its mtime set
+to now (one ``utime``), as a record written by the full way has it: the newest record's mtime is when the cache
+dir was last served (``last_served``, which ``kernelcache ls`` shows), and ``prune`` removes records unused for
+long.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import os
 import sys
 
 from .. import __version__
-from ..cachedir.layout import FLASHINFER_MODULES_DIR, STATE_DIR, cache_root, keep_newest, unfinished
+from ..cachedir.layout import FLASHINFER_MODULES_DIR, STATE_DIR, cache_root, keep_newest, kept_records, unfinished
 from .workspace import workspace_base
 
 FORMAT = 1
@@ -113,20 +116,52 @@ def find_served(cache_dir: str | os.PathLike | None) -> dict[str, str] | None:
     on holds now; None whenever they must be computed again."""
     root = cache_root(cache_dir)
     inputs = _inputs(root)
+    path = _record_path(root, inputs)
+    record = _read(path)
+    if record is None or record.get("inputs") != inputs or not _usable(root):
+        return None
+    variables = record.get("variables")
+    if not isinstance(variables, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                  for k, v in variables.items()):
+        return None
+    if not _stamps_hold(record.get("stamps")) or record.get("workspace") != workspace_base(root, dict(os.environ)):
+        return None
+    try:  # noqa: SIM105 -- contextlib is one more import on every pod start
+        os.utime(path)  # served now: last_served reads it
+    except OSError:
+        pass
+    return variables
+
+
+def _read(path: str) -> dict | None:
     try:
-        with open(_record_path(root, inputs), "rb") as handle:
+        with open(path, "rb") as handle:
             record = json.loads(handle.read())
     except (OSError, ValueError):
         return None
-    if not isinstance(record, dict) or record.get("inputs") != inputs or not _usable(root):
-        return None
-    variables, stamps = record.get("variables"), record.get("stamps")
-    if not isinstance(variables, dict) or not isinstance(stamps, list) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in variables.items()):
-        return None
-    if not all(isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and _stamp(s[0]) == s[1]
-               for s in stamps):
-        return None
-    if record.get("workspace") != workspace_base(root, dict(os.environ)):
-        return None
-    return variables
+    return record if isinstance(record, dict) else None
+
+
+def _stamps_hold(stamps: object) -> bool:
+    return isinstance(stamps, list) and all(
+        isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and _stamp(s[0]) == s[1] for s in stamps)
+
+
+# -- for cache management (kernelcache ls / prune) --------------------------------------------------
+
+
+def last_served(root: str | os.PathLike) -> float | None:
+    """When ``env``, ``run`` or ``activate()`` last served the cache dir ``root`` (where it was writable): the
+    newest record's mtime. None when none is kept."""
+    found = kept_records(cache_root(root), "served")
+    return found[0][1] if found else None
+
+
+def record_holds(path: str) -> bool:
+    """Whether the record at ``path`` could answer again: it reads, is of this format and kernelcache version,
+    and every stamp still holds. The stamp of a path that exists holds its ctime, which never goes back: once it
+    changed, the record is never used again."""
+    record = _read(path)
+    inputs = record.get("inputs") if record is not None else None
+    return (isinstance(inputs, dict) and inputs.get("format") == FORMAT and inputs.get("kernelcache") == __version__
+            and _stamps_hold(record.get("stamps")))

@@ -29,6 +29,15 @@ def pack_without(cache: Path, log: Path, out: Path, names: set[str], work: Path)
     return pack(copy, out, log)
 
 
+def split(bundle: Path, out: Path, kernels: slice, modules: slice) -> Path:
+    """A valid bundle holding the kernels and modules of ``bundle`` the two slices pick."""
+    manifest = archive.read_manifest(bundle)
+    part = dataclasses.replace(manifest, kernels=manifest.kernels[kernels], modules=manifest.modules[modules])
+    keep = {f.path for f in part.files()}
+    data = {n: d for _, n, d in archive.iter_members(bundle) if n in keep}
+    return archive.write(out, part, [(n, lambda d=d: d) for n, d in data.items()])
+
+
 def rewrite(bundle: Path, out: Path, target: dict | None = None, **environment) -> Path:
     """The same members under a manifest whose target or environment says something else (another
     ``triton_key_sha256``: another Triton, whose identity record this bundle cannot have, so none)."""

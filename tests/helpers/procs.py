@@ -9,6 +9,13 @@ would and print one JSON line.
 kernel of BUNDLE with Triton's own ``FileCacheManager`` in the cache dir named by the file POINTER
 (which the test moves from one install to the next) and counts what it finds: absent, complete,
 or partial (a group file whose children are missing or differ from the bundle). Writes OUT.
+
+``rm CACHE NAME GO``: as ``install``, for ``kernelcache rm NAME`` (its JSON printed).
+
+``watch KEPT OTHERS POINTER STOP OUT``: as ``read``, over the kernels of the bundle KEPT and of the bundles OTHERS
+(comma-separated), while entries are also removed: a lookup cut short because its entry dir was renamed away
+meanwhile (the dir at that path is another one, or none) is ``vanished``, not partial; a kernel of KEPT found
+absent or vanished is a problem (it must never go missing).
 """
 
 from __future__ import annotations
@@ -40,6 +47,75 @@ def install(bundle: str, cache: str, go: str) -> int:
     sys.stdout.flush()
     print(json.dumps({"state": bundle_state(Path(cache), manifest, expected), "pid": os.getpid()}))
     return 0
+
+
+def rm(cache: str, name: str, go: str) -> int:
+    import kernelcache.manage  # noqa: F401 -- warmed up before the start
+    from kernelcache.cli import main
+
+    Path(f"{go}.ready.{os.getpid()}").touch()
+    while not os.path.exists(go):
+        time.sleep(0.002)
+    try:
+        main(["rm", name, "--cache-dir", cache, "--json"], standalone_mode=False)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+def watch(kept: str, others: str, pointer: str, stop: str, out: str) -> int:
+    import triton
+    from triton.runtime.cache import FileCacheManager
+
+    from kernelcache.bundle import archive
+
+    must_stay = {k.key: k for k in archive.read_manifest(kept).kernels}
+    expected = {name: data for b in [kept, *others.split(",")] for _, name, data in archive.iter_members(b)}
+    kernels = {k.key: k for b in others.split(",") for k in archive.read_manifest(b).kernels} | must_stay
+    counts = {"absent": 0, "complete": 0, "partial": 0, "vanished": 0, "snapshots": 0, "kept_complete": 0}
+    problems: list[str] = []
+    while not os.path.exists(stop):
+        cache = pointer_target(pointer)
+        if not cache:
+            time.sleep(0.01)
+            continue
+        triton.knobs.cache.dir = cache
+        for key, kernel in kernels.items():
+            state = stable_lookup(FileCacheManager(key), kernel, expected, problems, Path(cache) / key)
+            counts[state] += 1
+            if key in must_stay and state != "complete":
+                problems.append(f"{key}: a kernel of the bundle that stays installed was {state}")
+            counts["kept_complete"] += key in must_stay and state == "complete"
+        counts["snapshots"] += 1
+    Path(out).write_text(json.dumps({**counts, "problems": problems[:20], "problem_count": len(problems)}))
+    return 0
+
+
+def pointer_target(pointer: str) -> str:
+    try:
+        return Path(pointer).read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def stable_lookup(manager, kernel, expected: dict[str, bytes], problems: list[str], entry: Path) -> str:
+    """``lookup``, where a failure because the entry dir was renamed away meanwhile is ``vanished``: the dir at that
+    path (by inode) is no longer the one the lookup started in. A partial entry stays in place, so its dir does not
+    change."""
+    before = _inode(entry)
+    found: list[str] = []
+    state = lookup(manager, kernel, expected, found)
+    if state == "partial" and _inode(entry) != before:
+        return "vanished"
+    problems += found
+    return state
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return None
 
 
 def read(bundle: str, pointer: str, stop: str, out: str) -> int:
@@ -97,4 +173,4 @@ def lookup(manager, kernel, expected: dict[str, bytes], problems: list[str]) -> 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the helpers package
     command, *args = sys.argv[1:]
-    sys.exit({"install": install, "read": read}[command](*args))
+    sys.exit({"install": install, "read": read, "rm": rm, "watch": watch}[command](*args))
