@@ -35,10 +35,11 @@ _API = {
     "push": "kernelcache.remote.oci:push",
     "pull": "kernelcache.remote:pull",
     "fetch": "kernelcache.remote:fetch",
+    "recipes": "kernelcache.plan.catalog:recipes",
 }
 
 __all__ = ["__version__", "activate", "build", "capture", "diff", "env", "fetch", "inspect", "install", "merge", "pack",
-           "plan_install", "pull", "push", "run", "verify"]
+           "plan_install", "pull", "push", "recipes", "run", "verify"]
 
 if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load on first use
     from typing import Any
@@ -49,6 +50,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load
     from .bundle.make import pack
     from .capture import capture
     from .install import install, plan_install
+    from .plan.catalog import recipes
     from .remote import fetch, pull
     from .remote.oci import push
     from .runtime.env import activate, env, run
