@@ -6,7 +6,8 @@
 # modes and owners), and SOURCE_DATE_EPOCH is the commit's time (every time stamp in both archives), so two builds
 # of one commit give the same bytes. Prints each artifact's sha256.
 # KERNELCACHE_RELEASE_TREE=worktree builds the working tree as it is instead (what the tests install while code is
-# being changed; never a release). Needs git, Python 3.12 and uv (build/uv, which scripts/setup.sh installs, or UV=).
+# being changed; never a release). Needs git, Python 3.12 (PYTHON=, else uv finds one) and uv (build/uv, which
+# scripts/setup.sh installs, or UV=).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(realpath -m "${1:-dist}")
@@ -32,7 +33,7 @@ else
   git archive --format=tar HEAD | tar -x -C "$source"
 fi
 mkdir -p "$out"
-"$UV" build -q --python 3.12 --build-constraints scripts/release-constraints.txt --out-dir "$tmp/dist" "$source"
+"$UV" build -q --python "${PYTHON:-3.12}" --build-constraints scripts/release-constraints.txt --out-dir "$tmp/dist" "$source"
 for artifact in "$tmp"/dist/kernelcache-*.tar.gz "$tmp"/dist/kernelcache-*.whl; do
   mv -f "$artifact" "$out/"
   sha256sum "$out/$(basename "$artifact")"

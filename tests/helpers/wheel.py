@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,8 @@ def release(out: Path, tree: str = "worktree", **env: str) -> tuple[Path, Path]:
     """(sdist, wheel) that scripts/release.sh builds into ``out``: of the working tree (what the tests check while
     code changes) or of HEAD (``tree="head"``: a release)."""
     require_uv()
-    done = subprocess.run(["bash", str(RELEASE), str(out)], env=uv_env(KERNELCACHE_RELEASE_TREE=tree, **env),
+    env = {"KERNELCACHE_RELEASE_TREE": tree, "PYTHON": sys.executable, **env}
+    done = subprocess.run(["bash", str(RELEASE), str(out)], env=uv_env(**env),
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     [sdist], [wheel] = sorted(out.glob("kernelcache-*.tar.gz")), sorted(out.glob("kernelcache-*.whl"))
