@@ -38,10 +38,11 @@ _API = {
     "ls": "kernelcache.manage:ls",
     "rm": "kernelcache.manage:rm",
     "prune": "kernelcache.manage:prune",
+    "recipes": "kernelcache.plan.catalog:recipes",
 }
 
 __all__ = ["__version__", "activate", "build", "capture", "diff", "env", "fetch", "inspect", "install", "ls", "merge",
-           "pack", "plan_install", "prune", "pull", "push", "rm", "run", "verify"]
+           "pack", "plan_install", "prune", "pull", "push", "recipes", "rm", "run", "verify"]
 
 if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load on first use
     from typing import Any
@@ -53,6 +54,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load
     from .capture import capture
     from .install import install, plan_install
     from .manage import ls, prune, rm
+    from .plan.catalog import recipes
     from .remote import fetch, pull
     from .remote.oci import push
     from .runtime.env import activate, env, run

@@ -152,6 +152,7 @@ def plan_options(recipe_help: str):
     one ``PlanOverrides``, the ``overrides`` argument), and how the exercise processes run."""
     options = (
         click.option("--recipe", "--manifest", "recipe", type=click.Path(dir_okay=False), default=None,
+                     metavar="NAME|FILE",
                      help=recipe_help + " (--manifest: its old name)"),
         click.option("--gpu", "gpus", multiple=True, help="GPU profile(s) (overrides the recipe's list)."),
         click.option("--vocab", "vocabs", multiple=True, type=int, help="Vocab size(s) (overrides the recipe)."),
@@ -450,7 +451,8 @@ def prune(cache_dir: str | None, dry_run: bool, max_age: float, as_json: bool) -
 
 @main.command()
 @click.option("--arch", required=True, help="Target GPU arch, e.g. sm_90 or sm_100.")
-@plan_options("Build recipe [default: cache-manifests/vllm-sampler.toml].")
+@plan_options("Build recipe: a shipped recipe's name (kernelcache recipes) or a TOML file [default: "
+              "vllm-sampler].")
 @click.option("-o", "--output-dir", default="bundles", show_default=True, type=click.Path(file_okay=False))
 @click.option("--keep-ir", is_flag=True, help="Also keep the IR files.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the build's scratch dir here.")
@@ -557,6 +559,25 @@ def gpus() -> None:
     out.print(table)
 
 
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+def recipes(as_json: bool) -> None:
+    """List the build recipes kernelcache ships (build --recipe NAME takes them)."""
+    from .plan.catalog import recipes as shipped
+
+    found = shipped()
+    if as_json:
+        _json(found.to_dict())
+        return
+    table = _table()
+    table.add_column("recipe", no_wrap=True)  # what --recipe takes: whole, to copy
+    for column in ("model", "vocab", "paths", "GPUs"):
+        table.add_column(column, overflow="fold")
+    for r in found.recipes:
+        table.add_row(r.name, r.model or "-", " ".join(map(str, r.vocabs)), ", ".join(r.paths), ", ".join(r.gpus))
+    out.print(table)
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Bundle to write.")
 @click.option("--keep-ir", is_flag=True, help="Also keep the IR files.")
@@ -576,7 +597,8 @@ def capture(output: str, keep_ir: bool, arch: str | None, command: tuple[str, ..
 @main.command()
 @click.argument("bundle", required=False, type=click.Path(exists=True, dir_okay=False))
 @cache_dir_option
-@plan_options("Exercise this build recipe instead of the plan recorded in the bundle.")
+@plan_options("Exercise this build recipe (a shipped recipe's name or a TOML file) instead of the plan "
+              "recorded in the bundle.")
 @click.option("--json", "as_json", is_flag=True)
 def verify(bundle, cache_dir, recipe, overrides, mode, jobs, as_json) -> None:
     """Run the bundle's vLLM paths against the installed cache; exit non-zero on any compile.

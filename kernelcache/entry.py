@@ -12,6 +12,7 @@ these forms and calls the same Python API the click commands call:
   holds (runtime/served.py), else ``runtime.env.env``;
 * ``run [--bundle B] [--cache-dir D] [--] COMMAND...``: exec COMMAND with those kept variables (with ``--bundle``,
   only when that bundle's no-op is answered from its record too), else ``runtime.env.run``.
+* ``--version``: what click's ``version_option`` prints (``kernelcache, version 0.1.0``), from the package alone.
 
 Anything else (another verb or option, ``--help``, a ``--cache-dir`` click's parser refuses) and any error
 before an install starts goes to the click CLI (cli.py), which parses the arguments itself and renders errors
@@ -33,6 +34,11 @@ _FORMS = {
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--version"]:
+        from . import __version__
+
+        print(f"kernelcache, version {__version__}")
+        return
     try:
         plain = _plain(sys.argv[1:])
     except KeyboardInterrupt:  # as the click CLI says it

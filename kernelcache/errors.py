@@ -20,7 +20,7 @@ class UsageError(KernelcacheError):
 
 
 class RecipeError(KernelcacheError):
-    """A build recipe under cache-manifests/ (TOML) is malformed or names an unknown key."""
+    """A build recipe (a shipped name or a TOML file) is unknown, malformed or names an unknown key."""
 
     exit_code = 3
 

@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.fast
 ROOT = Path(__file__).resolve().parents[1]
 OWN_TEXT = [*ROOT.glob("kernelcache/**/*.py"), *ROOT.glob("scripts/**/*"), *ROOT.glob("docs/*.md"),
-            *ROOT.glob("cache-manifests/*.toml"), ROOT / "README.md"]
+            *ROOT.glob("kernelcache/recipes/**/*.toml"), ROOT / "README.md"]
 
 
 def test_comments_cite_nothing_outside_the_repository():
