@@ -248,7 +248,7 @@ def test_moe_targets_split_by_product_name(tmp_path):
     sampler = plan.override(paths=["mrv2"])
     assert [[p.name for p in t.profiles] for t in plan_targets(sampler, "sm_90", "cross", [])] == [["h100-sxm", "h200"]]
     # mamba too: selective_state_update's configs are read by device name
-    nemotron = plan_file.load(plan_file.DEFAULT_RECIPE.parent / "models" / "nemotron-h-8b.toml")
+    nemotron = plan_file.load("nemotron-h-8b")
     assert [[p.name for p in t.profiles] for t in plan_targets(nemotron, "sm_90", "cross", [])] == [["h100-sxm"],
                                                                                                    ["h200"]]
     # a native build makes bundles only for the visible GPU's product, and says so when none is requested
