@@ -8,7 +8,7 @@
    otherwise behind the fake target -- ``--jobs`` at a time, and hands back typed results and log.
 4. harvest.py reads the cache with that log; bundle/make.py writes one bundle per GPU profile, with
    the plan, the coverage (which specializations of which kernel each path produced) and the
-   environment fingerprint.
+   environment fingerprint; with ``sign``, bundle/signature.py signs each (``B.tar.zst.sig`` beside it).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from . import __version__
@@ -39,6 +39,8 @@ from .bundle.manifest import (
     flag_capability,
 )
 from .bundle.manifest import identity_record as manifest_identity
+from .bundle.signature import SigningKey, SignResult, load_signing_key
+from .bundle.signature import sign as sign_bundle
 from .errors import BuildFailed
 from .exercise.jobs import WorkerResult, exercise, flashinfer_jit_module
 from .exercise.listener import CompileRecord
@@ -58,11 +60,13 @@ class TargetResult:
     compiles: int
     coverage: dict
     skipped: tuple[dict, ...] = ()
+    signatures: tuple[SignResult, ...] = ()  # with ``build(sign=...)``: one per bundle
 
     def to_dict(self) -> dict:
         return {"arch": self.target.arch, "sm_count": self.target.sm_count, "mode": self.target.mode,
                 "seconds": self.seconds, "compiles": self.compiles, "compile_seconds": self.compile_seconds,
-                "coverage": self.coverage, "bundles": [_bundle_dict(b) for b in self.bundles]}
+                "coverage": self.coverage, "bundles": [_bundle_dict(b) for b in self.bundles],
+                "signatures": [s.to_dict() for s in self.signatures]}
 
 
 def _bundle_dict(bundle: PackResult) -> dict:
@@ -86,7 +90,8 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
           mode: str = "auto", jobs: int | None = None, output_dir: str | os.PathLike = "bundles",
           keep_ir: bool = False, workdir: str | os.PathLike | None = None, extra_tasks: tuple[Task, ...] = (),
           progress: Callable[[str, int, int], None] | None = None, from_misses: list[str] | None = None,
-          target_env: str | os.PathLike | None = None, **flags) -> BuildResult:
+          target_env: str | os.PathLike | None = None, sign: str | os.PathLike | None = None,
+          **flags) -> BuildResult:
     """Build one bundle per GPU profile of ``arch`` from a recipe (``overrides`` change its plan).
 
     ``flags``: the fields of ``PlanOverrides`` as keywords (``gpus=["h200"], paths=["mrv2"]``), for short.
@@ -94,9 +99,11 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
     compiled again, so the next bundle covers them. ``target_env``: a fingerprint file of the serving
     environment (``kernelcache fingerprint --json``); the build stops before compiling anything if
     ``install`` would refuse its bundles there. A cross build of FlashInfer's module fetches its CUDA
-    toolchain first when none is here (exercise/flashinfer.py: ``ensure_toolchain``).
+    toolchain first when none is here (exercise/flashinfer.py: ``ensure_toolchain``). ``sign``: a private key
+    file that signs each bundle (``kernelcache sign``), read before anything is compiled.
     """
     arch = capability_to_arch(flag_capability(arch))
+    signer = load_signing_key(sign) if sign is not None else None
     there = _load_target_env(target_env)
     plan = load(recipe).override(overrides or PlanOverrides(**flags))
     check_paths(plan)
@@ -119,7 +126,7 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
             if work.exists():
                 shutil.rmtree(work)
             tasks = tuple(extra_tasks) + _miss_tasks(from_misses or [], target.capability)
-            results.append(_build_target(plan, target, work, out, jobs, keep_ir, tasks, progress))
+            results.append(_signed(_build_target(plan, target, work, out, jobs, keep_ir, tasks, progress), signer))
     except BuildFailed:
         keep = True  # its message points at logs in the scratch dir: leave them to be read
         raise
@@ -127,6 +134,12 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
         if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
     return BuildResult(plan, tuple(results))
+
+
+def _signed(result: TargetResult, signer: SigningKey | None) -> TargetResult:
+    if signer is None:
+        return result
+    return replace(result, signatures=tuple(sign_bundle(b.path, signer) for b in result.bundles))
 
 
 def _miss_tasks(logs: list[str], capability: int) -> tuple[Task, ...]:

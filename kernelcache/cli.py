@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import sys
 from typing import Any
@@ -111,6 +112,20 @@ cache_dir_option = click.option(
     help="Triton cache dir [default: KERNELCACHE_HOME, TRITON_CACHE_DIR or ~/.triton/cache].",
 )
 force_option = click.option("--force", is_flag=True, help="Install even if the fingerprint does not match (loud).")
+
+
+def signature_options(func):
+    """--require-signature / --trusted-key: the signature policy of an install (bundle/trust.py)."""
+    func = click.option("--trusted-key", "trusted_keys", multiple=True, type=click.Path(dir_okay=False),
+                        help="A trusted public key (PEM; repeatable) [env KERNELCACHE_TRUSTED_KEYS, ':'-separated]."
+                        )(func)
+    return click.option("--require-signature", is_flag=True, default=None,
+                        help="Refuse a bundle that no trusted key signed [env KERNELCACHE_REQUIRE_SIGNATURE=1].")(func)
+
+
+def sign_option(what: str):
+    return click.option("--sign", "sign_key", type=click.Path(dir_okay=False), default=None,
+                        help=f"Sign {what} with this private key (PEM: ed25519 or ECDSA P-256).")
 
 
 # -- reliability options (issue 6): size limits, read-only base + writable overlay ----------------
@@ -246,6 +261,7 @@ def inspect(bundle: str, as_json: bool) -> None:
     if as_json:
         _json(info.to_dict())
         return
+    signature = info.signature.describe()
     m = info.manifest
     env = m.environment
     target = f"{m.target.backend} {m.target.arch}" + (f" ({m.target.gpu}, {m.target.sm_count} SMs)"
@@ -257,6 +273,7 @@ def inspect(bundle: str, as_json: bool) -> None:
     if keys is not None:
         tables = ", ".join(f"{t.path}: {t.file or 'default config'}" for t in keys.tables) or "not recorded"
         out.print(f"kernels chosen by device name {keys.device} ({tables}); serves {', '.join(keys.serves)}")
+    out.print(f"signature: {signature}", markup=False)
     out.print(f"python {env.python} {env.platform}; triton {env.triton} (key {str(env.triton_key_sha256)[:12]}); "
               f"torch {env.torch}; vllm {env.vllm}; flashinfer {env.flashinfer}; "
               f"key env vars: {env.env_vars or 'none'}")
@@ -274,6 +291,27 @@ def inspect(bundle: str, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--key", required=True, type=click.Path(dir_okay=False),
+              help="The private key (PEM, unencrypted: ed25519 or ECDSA P-256).")
+@click.option("--json", "as_json", is_flag=True)
+def sign(bundles: tuple[str, ...], key: str, as_json: bool) -> None:
+    """Sign bundle files: verify each, then write B.tar.zst.sig beside it (a detached signature over its sha256 and
+    its digest)."""
+    from .bundle.signature import load_signing_key
+    from .bundle.signature import sign as do_sign
+
+    signer = load_signing_key(key)  # a bad key fails before any bundle is read
+    results = [do_sign(bundle, signer) for bundle in bundles]
+    if as_json:
+        _json([r.to_dict() for r in results])
+        return
+    for r in results:
+        out.print(f"signed {r.bundle.name} (sha256 {r.sha256[:16]}…, digest {r.digest[:16]}) with {r.algorithm} key "
+                  f"{r.signer[:19]}… -> {r.signature}", markup=False)
+
+
+@main.command()
 @click.argument("bundle")
 @cache_dir_option
 @force_option
@@ -282,31 +320,39 @@ def inspect(bundle: str, as_json: bool) -> None:
 @click.option("--gpu", default=None, help="Install for this GPU profile (e.g. h200): as --arch, plus SM count.")
 @click.option("--json", "as_json", is_flag=True)
 @limits_options
+@signature_options
 def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool, arch: str | None, gpu: str | None,
-            as_json: bool, members: str | None, member_bytes: str | None, total_bytes: str | None) -> None:
+            as_json: bool, members: str | None, member_bytes: str | None, total_bytes: str | None,
+            require_signature: bool | None, trusted_keys: tuple[str, ...]) -> None:
     """Verify a bundle, check it against this environment, and publish it atomically.
 
-    BUNDLE is a file, a URL (file://, http(s)://, s3://, ...) or oci://HOST/REPO:TAG.
+    BUNDLE is a file, a URL (file://, http(s)://, s3://, ...) or oci://HOST/REPO:TAG. Its signature (B.sig beside a
+    file or URL, cosign's sha256-DIGEST.sig tag in a registry) is checked and reported; with --require-signature a
+    bundle no trusted key signed is refused before anything is extracted.
     """
     from .install import install as do_install
 
     limits = make_limits(members, member_bytes, total_bytes)
-    result = do_install(bundle, cache_dir, force=force, check_gpu=not no_gpu_check, limits=limits, arch=arch, gpu=gpu)
+    result = do_install(bundle, cache_dir, force=force, check_gpu=not no_gpu_check, limits=limits, arch=arch, gpu=gpu,
+                        require_signature=require_signature, trusted_keys=trusted_keys or None)
     _render_install(result.to_dict(), as_json)
 
 
 def _render_install(result: dict, as_json: bool) -> None:
+    from .bundle.trust import said
+
     for warning in result["warnings"]:  # click, not rich: a no-op install on every pod start renders plain lines only
         forced = "FORCED" in warning
         click.secho(f"warning: {warning}", err=True, fg="red" if forced else None, bold=forced or None)
     if as_json:
         _json({k: v for k, v in result.items() if k != "warnings"})
         return
+    signed = said(result.get("signature"))
     if result["action"] == "already-installed":
-        click.echo(f"already installed in {result['cache_dir']} (digest {result['digest'][:16]})")
+        click.echo(f"already installed in {result['cache_dir']} (digest {result['digest'][:16]}){signed}")
     else:
         click.echo(f"installed {result['written']} entries into {result['cache_dir']} ({result['present']} already "
-                   f"there) in {result['seconds']:.2f}s")
+                   f"there) in {result['seconds']:.2f}s{signed}")
 
 
 @main.command()
@@ -332,14 +378,18 @@ def env(cache_dir: str | None, as_json: bool, read_only: bool, base: str | None,
 @cache_dir_option
 @force_option
 @overlay_options
+@signature_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(bundle: str | None, cache_dir: str | None, force: bool, read_only: bool, base: str | None,
-        overlay: str | None, miss_log: str | None, command: tuple[str, ...]) -> None:
-    """Install if needed, then exec COMMAND with the cache active: kernelcache run -- vllm serve ..."""
+        overlay: str | None, miss_log: str | None, require_signature: bool | None, trusted_keys: tuple[str, ...],
+        command: tuple[str, ...]) -> None:
+    """Install if needed, then exec COMMAND with the cache active: kernelcache run -- vllm serve ...
+
+    --require-signature and --trusted-key apply to the --bundle it installs."""
     from .runtime.env import run as do_run
 
     do_run(list(command), bundle, cache_dir, force, read_only=read_only, base=base, overlay=overlay,
-           miss_log=miss_log)
+           miss_log=miss_log, require_signature=require_signature, trusted_keys=trusted_keys or None)
 
 
 # -- cache management: what is installed in a cache dir ---------------------------------------------
@@ -462,7 +512,9 @@ def prune(cache_dir: str | None, dry_run: bool, max_age: float, as_json: bool) -
               help="Fingerprint of the serving environment (kernelcache fingerprint --json there): refuse, before "
                    "compiling, a bundle its install would refuse.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def build(arch, recipe, overrides, mode, jobs, output_dir, keep_ir, workdir, miss_logs, target_env, as_json) -> None:
+@sign_option("each bundle (B.tar.zst.sig beside it)")
+def build(arch, recipe, overrides, mode, jobs, output_dir, keep_ir, workdir, miss_logs, target_env, as_json,
+          sign_key) -> None:
     """Run vLLM's sampler paths for ARCH and write one bundle per GPU profile."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -482,7 +534,8 @@ def build(arch, recipe, overrides, mode, jobs, output_dir, keep_ir, workdir, mis
             bar.update(tasks[label], completed=done)
 
         result = do_build(arch, recipe, overrides, mode=mode, jobs=jobs, output_dir=output_dir, keep_ir=keep_ir,
-                          workdir=workdir, progress=progress, from_misses=list(miss_logs), target_env=target_env)
+                          workdir=workdir, progress=progress, from_misses=list(miss_logs), target_env=target_env,
+                          sign=sign_key)
     if as_json:
         _json([t.to_dict() for t in result.targets])
         return
@@ -507,6 +560,9 @@ def _build_summary(target) -> None:
               f"compiles ({target.compile_seconds:.1f}s of compile time) in {target.seconds:.1f}s")
     for bundle in target.bundles:
         out.print(f"wrote {bundle.path} ({human_size(bundle.path.stat().st_size)}) for {bundle.manifest.target.gpu}")
+    for signed in target.signatures:
+        out.print(f"signed {signed.bundle.name} with {signed.algorithm} key {signed.signer[:19]}… -> "
+                  f"{signed.signature.name}", markup=False)
 
 
 @main.command()
@@ -648,16 +704,18 @@ gpu_option = click.option("--gpu", default=None, help="Pick the bundle for this 
 @click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.argument("reference")
 @click.option("--json", "as_json", is_flag=True)
-def push(bundles: tuple[str, ...], reference: str, as_json: bool) -> None:
+@sign_option("each bundle and the index, as cosign signs images (at the sha256-DIGEST.sig tag)")
+def push(bundles: tuple[str, ...], reference: str, as_json: bool, sign_key: str | None) -> None:
     """Push bundles to oci://HOST/REPO:TAG: one tag per arch (TAG-sm_90-h200), an index at TAG."""
     from .remote.oci import push as do_push
 
-    result = do_push(list(bundles), reference)
+    result = do_push(list(bundles), reference, sign=sign_key)
     if as_json:
         _json(result.to_dict())
         return
     for item in result.pushed:
-        out.print(f"pushed {item.bundle.name} -> {item.reference} ({item.digest[:19]})", markup=False)
+        signed = f", signed at {item.signature.rsplit(':', 1)[-1]}" if item.signature else ""
+        out.print(f"pushed {item.bundle.name} -> {item.reference} ({item.digest[:19]}){signed}", markup=False)
     out.print(f"index {result.index} ({result.index_digest[:19]}) lists {len(result.variants)} bundle(s): "
               f"{', '.join(result.variants)}", markup=False)
 
@@ -673,6 +731,8 @@ def push(bundles: tuple[str, ...], reference: str, as_json: bool) -> None:
 def pull(reference: str, output_dir: str, arch: str | None, gpu: str | None, every: bool, as_json: bool) -> None:
     """Download and verify a bundle from oci://, http(s)://, file:// or an fsspec URL."""
     from .bundle.inspect import human_size
+    from .bundle.signature import signature_info
+    from .bundle.trust import signature_path
     from .remote import pull as do_pull
 
     landed = do_pull(reference, output_dir, arch=arch, gpu=gpu, every=every)
@@ -683,6 +743,8 @@ def pull(reference: str, output_dir: str, arch: str | None, gpu: str | None, eve
         target = x.manifest.target
         out.print(f"pulled {x.path} ({human_size(x.size)}): {len(x.manifest.kernels)} kernels for {target.arch}"
                   + (f" ({target.gpu})" if target.gpu else "") + f", digest {x.digest[:16]}", markup=False)
+        if os.path.exists(signature_path(x.path)):
+            out.print(f"  with its signature {x.path.name}.sig: {signature_info(x.path).describe()}", markup=False)
 
 
 @main.command()

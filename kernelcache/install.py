@@ -1,8 +1,9 @@
 """Install a bundle into a Triton cache directory: plan first, then execute atomically.
 
-``plan_install`` only reads: the manifest, this environment's fingerprint, the visible GPUs and
-what the cache already holds. The fingerprint comes from the record the cache dir keeps of it
-(cachedir/fingerprints.py) when the ``EnvironmentKey`` it was computed under still holds; only
+``plan_install`` only reads: the bundle's signature (bundle/signature.py: checked against the policy before
+anything of the bundle is parsed, so a refused bundle leaves nothing behind), the manifest, this environment's
+fingerprint, the visible GPUs and what the cache already holds. The fingerprint comes from the record the cache
+dir keeps of it (cachedir/fingerprints.py) when the ``EnvironmentKey`` it was computed under still holds; only
 otherwise is Triton imported and libtriton hashed, and the new record is kept once the bundle is
 installed (or found installed). A bundle already installed is thus checked without importing Triton or torch. It returns
 an ``InstallPlan`` that says what would happen and why a bundle would be refused.
@@ -37,7 +38,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -47,6 +48,8 @@ from .bundle.envscan import distribution_version, gpu_witness, package_dir
 from .bundle.fingerprint import Difference, compare, compare_gpu, local_environment
 from .bundle.identity import environment_from
 from .bundle.manifest import Environment, Kernel, Manifest
+from .bundle.signature import SignatureInfo, check_file
+from .bundle.trust import NO_POLICY, Policy, policy, signature_path
 from .cachedir import CacheDir, Journal, Receipt, atomic_write, publish_entries, recover, resolve_cache_dir
 from .cachedir.checked import bundle_identity, find_checked, remember_checked
 from .cachedir.fingerprints import load_fingerprint, save_fingerprint, save_triton_key, seed_triton_key
@@ -55,7 +58,9 @@ from .errors import (
     ArchMismatch,
     EntryError,
     FingerprintMismatch,
+    IntegrityError,
     KernelcacheError,
+    SignatureMismatch,
     StorageError,
 )
 from .harvest import KEY_PATTERN
@@ -71,9 +76,11 @@ class InstallResult:
     present: int = 0
     seconds: float = 0.0
     warnings: tuple[str, ...] = ()
+    signature: SignatureInfo | None = None  # who signed the bundle, as this install checked it
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "cache_dir": str(self.cache_dir), "warnings": list(self.warnings)}
+        return {**asdict(self), "cache_dir": str(self.cache_dir), "warnings": list(self.warnings),
+                "signature": self.signature.to_dict() if self.signature is not None else None}
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,8 @@ class InstallPlan:
     checked_under: str | None = None  # the EnvironmentKey digest the fingerprint was taken or found under
     gpu: str | None = None  # the GPU witness taken before the probe ran (None: no GPU check)
     identity: list[int] | None = None  # the bundle file's, taken before its manifest was read
+    signature: SignatureInfo | None = None  # the bundle's signature, checked before its manifest was read
+    signature_identity: list[int] | None = None  # the signature file's, taken before it was read
 
     @property
     def blocking(self) -> tuple[Difference, ...]:
@@ -109,6 +118,8 @@ class InstallPlan:
                 [(d.field, d.bundle, d.local) for d in self.blocking],
             )
         warnings = [f"{d.field}: bundle {d.bundle}, here {d.local} ({d.why})" for d in self.differences]
+        if self.signature is not None and not self.signature.valid and self.signature.status != "unsigned":
+            warnings.append(f"signature: {self.signature.describe()}")
         if self.blocking:
             warnings.insert(0, "FORCED: installing a bundle whose fingerprint does not match; expect compiles")
         return warnings
@@ -119,7 +130,8 @@ class InstallPlan:
         cache = CacheDir(self.cache_dir)
         if self.already_installed and not cache.pending_journals():  # else: under the lock, rolled forward first
             self._keep_fingerprint(cache)
-            return InstallResult(self.cache_dir, self.digest, "already-installed", seconds=0.0, warnings=warnings)
+            return InstallResult(self.cache_dir, self.digest, "already-installed", seconds=0.0, warnings=warnings,
+                                 signature=self.signature)
         cache.ensure_state()
         try:
             with cache.locked():
@@ -127,7 +139,8 @@ class InstallPlan:
                 if self.already_installed:
                     self._keep_fingerprint(cache)
                     return InstallResult(self.cache_dir, self.digest, "already-installed",
-                                         seconds=time.perf_counter() - started, warnings=warnings)
+                                         seconds=time.perf_counter() - started, warnings=warnings,
+                                         signature=self.signature)
                 written, present = _install_locked(self, cache)
                 if self.manifest.flashinfer:
                     write_site(self.cache_dir)  # FlashInfer's provider registration, while the dir is writable
@@ -135,7 +148,7 @@ class InstallPlan:
             raise StorageError(f"cannot install into {self.cache_dir}: {exc.strerror or exc}") from None
         self._keep_fingerprint(cache)  # only once installed: a bundle refused while extracting leaves nothing
         return InstallResult(self.cache_dir, self.digest, "installed", written, present,
-                             time.perf_counter() - started, warnings)
+                             time.perf_counter() - started, warnings, self.signature)
 
     def _keep_fingerprint(self, cache: CacheDir) -> None:
         if self.fingerprint is not None:
@@ -149,28 +162,38 @@ class InstallPlan:
         if self.blocking or self.checked_under is None or self.identity is None:
             return
         files = [f.path for f in self.manifest.files()]
+        signed = (self.signature_identity, self.signature.to_dict() if self.signature is not None else None)
         remember_checked(CacheDir(self.cache_dir), self.bundle, self.identity, self.digest, files,
-                         self.checked_under, self.gpu, self.check())
+                         self.checked_under, self.gpu, self.check(), signed)
 
 
 def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,
-                 check_gpu: bool = True, limits: archive.Limits | None = None) -> InstallPlan:
+                 check_gpu: bool = True, limits: archive.Limits | None = None,
+                 signature_policy: Policy = NO_POLICY) -> InstallPlan:
+    """The plan for a bundle file. Its signature (``B.tar.zst.sig``) is checked first: under ``signature_policy``
+    an unsigned bundle or one no trusted key signed is refused before anything of it is read."""
     path = Path(bundle)
     lim = limits or archive.Limits.from_env()
     identity = bundle_identity(path)
+    signature_identity = bundle_identity(signature_path(path))
+    signature = check_file(path, signature_policy)
     witness = gpu_witness() if check_gpu and not os.environ.get("KERNELCACHE_NO_GPU_PROBE") else None
     probe = GpuProbe.start() if check_gpu else None  # its child starts while the manifest is read
     try:
         manifest, member = archive.read_manifest_member(path, lim)
         root = resolve_cache_dir(cache_dir)
         digest = archive.bundle_digest(manifest, member, known=lambda d: CacheDir(root).receipt_path(d).is_file())
+        if signature.digest is not None and signature.digest != digest:
+            raise SignatureMismatch(f"{path.name}: its signature names bundle {signature.digest[:16]}…, and the file "
+                                    f"now holds {digest[:16]}… (it changed while it was read)")
         plan = plan_install_manifest(path, manifest, root, force, check_gpu, lim, probe, digest)
         if plan.blocking and not force:
             # Only the manifest was read: a damaged file whose manifest still parses must be refused as
             # damaged, not as built for another environment. (An accepted bundle is checked by extracting it.)
             for _ in archive.iter_members(path, lim):
                 pass
-        return replace(plan, gpu=witness, identity=identity)
+        return replace(plan, gpu=witness, identity=identity, signature=signature,
+                       signature_identity=signature_identity)
     finally:
         if probe is not None:
             probe.close()
@@ -241,9 +264,11 @@ def environment_here(archs: Iterable[str], cache: CacheDir, manifest: Manifest |
 
 def install_if_present(digest: str, cache_dir: str | os.PathLike | None = None, force: bool = False,
                        check_gpu: bool = True, source: str = "",
-                       accept: Callable[[Manifest], None] | None = None) -> InstallResult | None:
+                       accept: Callable[[Manifest], None] | None = None,
+                       signature: SignatureInfo | None = None) -> InstallResult | None:
     """The bundle ``digest`` is already installed in ``cache_dir``: check it against this environment
-    (from its receipt's manifest) as an install would, and return the no-op result. ``None``: not there."""
+    (from its receipt's manifest) as an install would, and return the no-op result. ``None``: not there.
+    ``signature``: what the check of the bundle's signature found (at its source), for the result."""
     cache = CacheDir.at(cache_dir)
     receipt = cache.receipt(digest)  # a bad receipt is not found: a real install replaces it
     if receipt is None:
@@ -255,36 +280,43 @@ def install_if_present(digest: str, cache_dir: str | os.PathLike | None = None, 
     if accept is not None:
         accept(manifest)
     plan = plan_install_manifest(Path(source or digest), manifest, root, force, check_gpu)
-    return plan.execute()
+    return replace(plan, signature=signature).execute()
 
 
 def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,
             check_gpu: bool = True, limits: archive.Limits | None = None, arch: str | None = None,
-            gpu: str | None = None) -> InstallResult:
+            gpu: str | None = None, require_signature: bool | None = None,
+            trusted_keys: Sequence[str | os.PathLike] | None = None) -> InstallResult:
     """Verify, check against this environment, and publish a bundle. Idempotent.
 
     ``bundle`` is a file, a URL (``file://``, ``http(s)://``, ``s3://``, ...) or ``oci://HOST/REPO:TAG``;
     ``arch`` / ``gpu`` pick the bundle from an OCI index and refuse a bundle built for anything else.
-    An ``oci://`` bundle already installed is found from two registry manifest reads, with no download.
+    An ``oci://`` bundle already installed is found from three registry manifest reads, with no download.
+    ``require_signature`` / ``trusted_keys`` (None: ``KERNELCACHE_REQUIRE_SIGNATURE`` / ``KERNELCACHE_TRUSTED_KEYS``):
+    refuse a bundle that no trusted key signed, before anything is downloaded, extracted or published
+    (bundle/trust.py). ``--force`` does not override a signature policy.
     """
     from .remote import check_target, check_wanted, is_remote, local_bundle
 
+    signature_policy = policy(require_signature, trusted_keys)
     source: str | os.PathLike = bundle
     if str(bundle).startswith("oci://"):
         from .remote.oci import resolve_bundle
 
         check_wanted(arch, gpu)  # a bad arch / gpu fails before the registry is asked
-        digest, source = resolve_bundle(str(bundle), arch, gpu)
+        digest, source, signature = resolve_bundle(str(bundle), arch, gpu, signature_policy)
         result = install_if_present(digest, cache_dir, force, check_gpu, source=str(bundle),
-                                    accept=lambda manifest: check_target(manifest, arch, gpu, str(bundle)))
+                                    accept=lambda manifest: check_target(manifest, arch, gpu, str(bundle)),
+                                    signature=signature)
         if result is not None:
             return result
     if arch is None and gpu is None and limits is None:
-        found = find_checked(bundle, cache_dir, check_gpu)
+        found = find_checked(bundle, cache_dir, check_gpu, signature_policy)
         if found is not None:
-            return InstallResult(Path(found.cache_dir), found.digest, "already-installed", warnings=found.warnings)
+            return InstallResult(Path(found.cache_dir), found.digest, "already-installed", warnings=found.warnings,
+                                 signature=SignatureInfo.from_dict(found.signature))
     with local_bundle(source, arch=arch, gpu=gpu) as path:
-        plan = plan_install(path, cache_dir, force, check_gpu, limits)
+        plan = plan_install(path, cache_dir, force, check_gpu, limits, signature_policy)
         result = plan.execute()
         if not is_remote(source):
             plan.remember()
@@ -322,10 +354,13 @@ def _install_locked(plan: InstallPlan, cache: CacheDir) -> tuple[int, int]:
     staging = cache.state / "staging" / f"{plan.digest[:16]}-{os.getpid()}"
     journal = cache.journal_path(plan.digest)
     try:
-        archive.extract(plan.bundle, staging, plan.limits, rewrite=relocated_groups(plan.manifest, plan.cache_dir))
+        extracted = archive.extract(plan.bundle, staging, plan.limits,
+                                    rewrite=relocated_groups(plan.manifest, plan.cache_dir))
+        if extracted != plan.manifest:  # what was planned (and its signature checked) is what gets published
+            raise IntegrityError(f"{plan.bundle.name} changed while it was installed: it holds another bundle now")
         entries = entry_dirs(plan.manifest)
         receipt = Receipt(plan.digest, plan.manifest, tuple(entries), str(plan.bundle), str(plan.cache_dir),
-                          time.time(), os.getpid())
+                          time.time(), os.getpid(), plan.signature)
         pending = cache.receipt_path(plan.digest).with_name(f".{plan.digest}.json.pending")
         atomic_write(pending, receipt.to_json().encode())
         try:

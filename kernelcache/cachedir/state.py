@@ -18,6 +18,7 @@ from .layout import STATE_DIR, cache_root, default_cache_root
 
 if TYPE_CHECKING:  # parsed only where a receipt is read: `env` on every pod start needs no manifest classes
     from ..bundle.manifest import Manifest
+    from ..bundle.signature import SignatureInfo
 
 _STATE_SUBDIRS = ("staging", "installed", "journal")
 REMOVAL_SUFFIX = ".rm.json"  # journal/<digest>.rm.json: a removal's journal (journal/<digest>.json: an install's)
@@ -92,6 +93,8 @@ class Receipt:
     ``manifest`` is the bundle's manifest, so an installed bundle can be checked (fingerprint, files,
     FlashInfer modules) without the bundle file. ``entries``: the directories it published, relative to
     the cache dir. ``bundle``, ``cache_dir``, ``installed_at`` and ``pid`` are for people reading it.
+    ``signature``: who signed the bundle, as its install checked it (bundle/signature.py); None in receipts
+    written before kernelcache checked signatures.
     """
 
     digest: str
@@ -101,6 +104,7 @@ class Receipt:
     cache_dir: str = ""
     installed_at: float = 0.0
     pid: int = 0
+    signature: SignatureInfo | None = None
 
     @functools.cached_property
     def uses(self) -> tuple[str, ...]:
@@ -109,9 +113,10 @@ class Receipt:
         return tuple(sorted({*self.entries, *(os.path.dirname(f.path) for f in self.manifest.files())}))
 
     def to_dict(self) -> dict[str, Any]:
+        signature = {"signature": self.signature.to_dict()} if self.signature is not None else {}
         return {"digest": self.digest, "bundle": self.bundle, "cache_dir": self.cache_dir,
                 "installed_at": self.installed_at, "pid": self.pid, "entries": list(self.entries),
-                "manifest": self.manifest.to_dict()}
+                **signature, "manifest": self.manifest.to_dict()}
 
     def to_json(self) -> str:
         # One line: json's C encoder (indent= runs the pure-Python one, ~0.2 s for a 400-kernel manifest).
@@ -136,7 +141,19 @@ class Receipt:
                    tuple(e for e in entries if isinstance(e, str)) if isinstance(entries, list) else (),
                    str(data.get("bundle", "")), str(data.get("cache_dir", "")),
                    float(when) if isinstance(when, int | float) and not isinstance(when, bool) else 0.0,
-                   pid if isinstance(pid, int) and not isinstance(pid, bool) else 0)
+                   pid if isinstance(pid, int) and not isinstance(pid, bool) else 0, _signature(data.get("signature")))
+
+
+def _signature(data: Any) -> SignatureInfo | None:
+    """A receipt's signature record; None when it has none, or none that reads (it only informs people)."""
+    if data is None:
+        return None
+    from ..bundle.signature import SignatureInfo
+
+    try:
+        return SignatureInfo.from_dict(data)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..bundle.trust import Policy, policy
 from ..cachedir import CacheDir, recover, resolve_cache_dir
 from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
 from . import flashinfer
@@ -93,15 +94,18 @@ def _no_overlay_options(base, overlay, miss_log) -> None:
         raise UsageError(f"{', '.join(given)} only make sense with --read-only")
 
 
-def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | None, force: bool = False
-            ) -> tuple[Path, dict[str, str]]:
+def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | None, force: bool = False,
+            signature_policy: Policy | None = None) -> tuple[Path, dict[str, str]]:
     """Install ``bundle`` if given (a no-op when already there), finish interrupted installs; the cache dir and
-    its variables."""
+    its variables. ``signature_policy``: what the bundle's signature must be (None: from the environment)."""
     root = resolve_cache_dir(cache_dir)
-    if bundle is not None and _not_checked(bundle, cache_dir):
+    if bundle is not None:
+        signature_policy = signature_policy or policy()
+    if bundle is not None and _not_checked(bundle, cache_dir, signature_policy):
         from ..install import install
 
-        root = install(bundle, cache_dir, force=force).cache_dir
+        root = install(bundle, cache_dir, force=force, require_signature=signature_policy.require,
+                       trusted_keys=signature_policy.keys).cache_dir
     check_read_only(root)
     if root.is_dir() and os.access(root, os.W_OK):
         recover(root)
@@ -111,11 +115,11 @@ def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | Non
     return root, variables
 
 
-def _not_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None) -> bool:
+def _not_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None, signature_policy: Policy) -> bool:
     """Whether ``bundle`` needs the installer: not accepted here before under what holds now (cachedir/checked.py)."""
     from ..cachedir.checked import find_checked
 
-    return find_checked(bundle, cache_dir) is None
+    return find_checked(bundle, cache_dir, policy=signature_policy) is None
 
 
 def check_read_only(root: Path) -> None:
@@ -143,11 +147,14 @@ def check_read_only(root: Path) -> None:
 
 
 def activate(*, bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
-             force: bool = False) -> dict[str, str]:
+             force: bool = False, require_signature: bool | None = None,
+             trusted_keys: Sequence[str | os.PathLike] | None = None) -> dict[str, str]:
     """Use a bundle (installed into ``cache_dir`` first) or an installed cache dir in this process and its children.
 
     ``activate(bundle="/bundles/b.tar.zst")`` installs (a no-op when already there) into ``cache_dir``,
     default as ``kernelcache install``; ``activate(cache_dir="/caches/c")`` uses what is installed there.
+    ``require_signature`` / ``trusted_keys`` (None: ``KERNELCACHE_REQUIRE_SIGNATURE`` / ``KERNELCACHE_TRUSTED_KEYS``)
+    refuse a bundle no trusted key signed, as ``kernelcache install`` does.
     A bundle that is not a file, or a cache dir that does not exist, is refused (``UsageError``): a
     mistyped path must not become a silent cold start. Call it before importing triton or vllm. Raises
     ``AlreadyActivated`` when Triton's cache dir was already pinned in this process to somewhere else.
@@ -159,7 +166,7 @@ def activate(*, bundle: str | os.PathLike | None = None, cache_dir: str | os.Pat
         if not root.is_dir():
             raise UsageError(f"cache dir {root} does not exist; install a bundle into it first "
                              "(or pass bundle=...)")
-    _, variables = prepare(bundle, cache_dir, force)
+    _, variables = prepare(bundle, cache_dir, force, policy(require_signature, trusted_keys) if bundle else None)
     _refuse_if_pinned(variables["TRITON_CACHE_DIR"])
     if any(flashinfer.is_site_path(p) for p in variables.get("PYTHONPATH", "").split(os.pathsep)):
         _refuse_if_flashinfer_loaded()
@@ -173,10 +180,12 @@ def activate(*, bundle: str | os.PathLike | None = None, cache_dir: str | os.Pat
 def run(command: Sequence[str], bundle: str | os.PathLike | None = None,
         cache_dir: str | os.PathLike | None = None, force: bool = False, *, read_only: bool = False,
         base: str | os.PathLike | None = None, overlay: str | os.PathLike | None = None,
-        miss_log: str | os.PathLike | None = None) -> CacheEnvironment:
+        miss_log: str | os.PathLike | None = None, require_signature: bool | None = None,
+        trusted_keys: Sequence[str | os.PathLike] | None = None) -> CacheEnvironment:
     """Install ``bundle`` if given, then replace this process with ``command`` in the cache's environment.
 
     ``read_only`` and its options are ``env``'s; they serve an installed cache, so they take no bundle.
+    ``require_signature`` / ``trusted_keys``: the bundle's signature policy, as ``activate``'s.
     Returns only when ``command`` cannot be run (it raises then)."""
     if not command:
         raise UsageError("nothing to run: give a command after --")
@@ -186,7 +195,8 @@ def run(command: Sequence[str], bundle: str | os.PathLike | None = None,
         found = env(cache_dir, read_only=True, base=base, overlay=overlay, miss_log=miss_log)
     else:
         _no_overlay_options(base, overlay, miss_log)
-        found = CacheEnvironment(prepare(bundle, cache_dir, force)[1])
+        signature_policy = policy(require_signature, trusted_keys) if bundle is not None else None
+        found = CacheEnvironment(prepare(bundle, cache_dir, force, signature_policy)[1])
     exec_command(command, found.variables)
     return found
 
