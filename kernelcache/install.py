@@ -169,14 +169,15 @@ class InstallPlan:
 
 def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,
                  check_gpu: bool = True, limits: archive.Limits | None = None,
-                 signature_policy: Policy = NO_POLICY) -> InstallPlan:
+                 signature_policy: Policy = NO_POLICY, signature: SignatureInfo | None = None) -> InstallPlan:
     """The plan for a bundle file. Its signature (``B.tar.zst.sig``) is checked first: under ``signature_policy``
-    an unsigned bundle or one no trusted key signed is refused before anything of it is read."""
+    an unsigned bundle or one no trusted key signed is refused before anything of it is read. ``signature``: the
+    check already made where the file came from (a registry's signature of the manifest that pinned its bytes)."""
     path = Path(bundle)
     lim = limits or archive.Limits.from_env()
     identity = bundle_identity(path)
     signature_identity = bundle_identity(signature_path(path))
-    signature = check_file(path, signature_policy)
+    signature = signature or check_file(path, signature_policy)
     witness = gpu_witness() if check_gpu and not os.environ.get("KERNELCACHE_NO_GPU_PROBE") else None
     probe = GpuProbe.start() if check_gpu else None  # its child starts while the manifest is read
     try:
@@ -300,6 +301,7 @@ def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = Non
 
     signature_policy = policy(require_signature, trusted_keys)
     source: str | os.PathLike = bundle
+    signature = None
     if str(bundle).startswith("oci://"):
         from .remote.oci import resolve_bundle
 
@@ -316,7 +318,8 @@ def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = Non
             return InstallResult(Path(found.cache_dir), found.digest, "already-installed", warnings=found.warnings,
                                  signature=SignatureInfo.from_dict(found.signature))
     with local_bundle(source, arch=arch, gpu=gpu) as path:
-        plan = plan_install(path, cache_dir, force, check_gpu, limits, signature_policy)
+        # An oci:// download's bytes are the ones its checked signature names (the pinned manifest's layer digest).
+        plan = plan_install(path, cache_dir, force, check_gpu, limits, signature_policy, signature)
         result = plan.execute()
         if not is_remote(source):
             plan.remember()

@@ -225,6 +225,21 @@ def test_activate_refuses_under_a_policy_from_the_environment(small_bundle, keys
     assert not (tmp_path / "c").exists()
 
 
+def test_a_bundle_replaced_after_its_check_publishes_nothing(signed, keys, tmp_path):
+    from kernelcache.bundle.trust import policy as make_policy
+    from kernelcache.errors import IntegrityError
+    from kernelcache.install import plan_install
+
+    plan = plan_install(signed, tmp_path / "c", check_gpu=False,
+                        signature_policy=make_policy(True, [str(keys["ec"][1])]))
+    assert plan.signature.status == "trusted"
+    other, _ = tamper(signed, tmp_path / "other.tar.zst", plan.manifest.kernels[0].name)
+    shutil.move(other, signed)  # after the check, before the extraction
+    with pytest.raises(IntegrityError, match="changed while it was installed"):
+        plan.execute()
+    assert not [p for p in tree(tmp_path / "c") if ".kernelcache/" not in p]
+
+
 @pytest.mark.parametrize("case, code, words", [
     ("a text file as the trusted key", KeyFileError.exit_code, "is not a PEM public key"),
     ("the private key as the trusted key", KeyFileError.exit_code, "it is a private key; trust its public half"),
