@@ -80,16 +80,22 @@ def fingerprint_der(der: bytes) -> str:
     return "sha256:" + hashlib.sha256(der).hexdigest()
 
 
-def pem_fingerprint(data: bytes) -> str | None:
-    """The fingerprint of a file holding one PEM public key, or None for anything else (the caller then reads it
+def pem_der(data: bytes) -> bytes | None:
+    """The DER bytes of a file holding one PEM public key, or None for anything else (the caller then reads it
     with the cryptography package, which says what is wrong with it)."""
     if data.count(b"-----BEGIN") != 1 or data.count(_BEGIN) != 1 or data.count(_END) != 1:
         return None
     body = data.partition(_BEGIN)[2].partition(_END)[0]
     try:
-        return fingerprint_der(base64.b64decode(b"".join(body.split()), validate=True))
+        return base64.b64decode(b"".join(body.split()), validate=True)
     except (binascii.Error, ValueError):
         return None
+
+
+def pem_fingerprint(data: bytes) -> str | None:
+    """The fingerprint of a file holding one PEM public key, or None (``pem_der``)."""
+    der = pem_der(data)
+    return fingerprint_der(der) if der is not None else None
 
 
 def key_fingerprints(keys) -> tuple[str, ...] | None:
