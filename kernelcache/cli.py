@@ -419,14 +419,14 @@ def _render_listing(listing) -> None:
 
     table = _table(title=f"{listing.cache_dir}", title_justify="left")
     for column in ("name", "digest", "target", "matches", "kernels", "size", "rm frees", "installed", "last served",
-                   "shared"):
+                   "shared", "signed by"):
         table.add_column(column, overflow="fold")
     for b in listing.bundles:
         matches = {True: Text("yes"), False: Text("NO", style="bold red"), None: Text("?")}[b.matches]
         shared = ", ".join(f"{s.entries} with {s.name}" for s in b.shared_with) or "-"
         table.add_row(Text(b.name), b.digest[:12], " ".join(filter(None, (b.arch, b.gpu))), matches, str(b.kernels),
                       b.size_on_disk_str, human_size(b.exclusive_size), _when(b.installed_at), _when(b.last_served),
-                      Text(shared))
+                      Text(shared), Text(_signer(b.signature)))
     out.print(table)
     for b in listing.bundles:
         for difference in b.differences:
@@ -434,6 +434,14 @@ def _render_listing(listing) -> None:
         if b.missing_files:
             out.print(f"{b.name}: {b.missing_files} installed file(s) missing; install it again", markup=False)
     out.print(f"{len(listing.bundles)} bundle(s), {human_size(listing.size_on_disk)} on disk", markup=False)
+
+
+def _signer(signature) -> str:
+    """``ls``'s column: the signer's fingerprint, and whether it was a trusted key."""
+    if not signature.valid:
+        return signature.status if signature.status != "unrecorded" else "?"
+    trust = "trusted" if signature.status == "trusted" else "not checked against a trusted key"
+    return f"{', '.join(s[:19] + '…' for s in signature.signers)} ({trust})"
 
 
 def _when(seconds: float | None) -> str:

@@ -329,16 +329,20 @@ def test_the_noop_fast_path_holds_the_policy(signed, small_bundle, keys, tmp_pat
     assert run[0]["exit"] == UntrustedSignature.exit_code
 
 
-def test_signature_info_of_a_file_and_of_an_installed_bundle(signed, small_bundle, keys, tmp_path):
+def test_signature_info_of_a_file_and_of_an_installed_bundle_and_ls(signed, small_bundle, keys, tmp_path):
     from kernelcache.cachedir import CacheDir
 
     assert signature_info(small_bundle).status == "unsigned"
     assert signature_info(signed).signers == (keys["ec"][2],)
     assert signature_info(signed, (str(keys["ec"][1]),)).status == "trusted"
     assert signature_info(signed, (str(keys["other"][1]),)).status == "untrusted"
-    assert install(signed, tmp_path / "c").returncode == 0
+    assert install(signed, tmp_path / "c", *policy(keys)).returncode == 0
     [receipt] = CacheDir(tmp_path / "c").receipts()
-    assert signature_info(receipt).status == "signed" and signature_info(receipt).signers == (keys["ec"][2],)
+    assert signature_info(receipt).status == "trusted" and signature_info(receipt).signers == (keys["ec"][2],)
+    [listed] = json.loads(kc("ls", "--cache-dir", str(tmp_path / "c"), "--json", check=True).stdout)["bundles"]
+    assert listed["signature"]["signers"] == [keys["ec"][2]] and listed["signature"]["status"] == "trusted"
+    table = kc("ls", "--cache-dir", str(tmp_path / "c"), env={"COLUMNS": "400"}, check=True).stdout
+    assert f"{keys['ec'][2][:19]}… (trusted)" in table
 
 
 def test_a_signature_file_round_trips_and_refuses_what_it_is_not(signed):
