@@ -22,7 +22,7 @@ signs each bundle's OCI manifest (and the index) with cosign's simple-signing pa
 (``application/vnd.dev.cosign.simplesigning.v1+json``), each with its base64 signature in the
 ``dev.cosignproject.cosign/signature`` annotation (and the signer's PEM public key in ``dev.kernelcache.public-key``;
 cosign ignores it). So ``cosign verify --key`` accepts what ``push --sign`` stored, and kernelcache accepts what
-``cosign sign --key`` stored. ``install`` checks them before it downloads anything (``check_signature``); ``pull``
+``cosign sign --key`` stored. ``install`` checks them before it downloads anything (``resolve_bundle``); ``pull``
 writes them beside the bundle (``B.tar.zst.sig``, with the OCI manifest they name: bundle/signature.py).
 """
 
@@ -52,7 +52,6 @@ from ..bundle.signature import (
     SignatureInfo,
     Signed,
     SigningKey,
-    Subject,
     check,
     cosign_payload,
     enforce,
@@ -417,12 +416,13 @@ def _signed(client, ref: OciRef, layer: dict) -> Signed | None:
     return Signed(payload, signature, key if isinstance(key, str) else None)
 
 
-def _check_signature(client, ref: OciRef, subject: Subject, policy: Policy) -> SignatureInfo:
-    """The signatures of the bundle manifest ``ref`` pins (``subject``: what that manifest names), checked against
-    ``policy`` before anything is downloaded."""
+def _check_signature(client, ref: OciRef, raw: bytes, policy: Policy) -> SignatureInfo:
+    """The signatures of the bundle manifest ``ref`` pins (``raw``: its bytes, which name the file and the bundle
+    digest), checked against ``policy`` before anything is downloaded."""
     digest = str(ref.digest)
+    subject = oci_subject(digest.removeprefix("sha256:"), raw)
     try:
-        found = _signatures(client, ref, digest, None)
+        found = _signatures(client, ref, digest, raw)
     except ValueError as exc:
         info = SignatureInfo("invalid", reason=str(exc))
         enforce(info, policy.require, str(ref))
@@ -478,10 +478,7 @@ def resolve_bundle(reference: str, arch: str | None = None, gpu: str | None = No
         _, document, raw = _fetch_manifest(client, ref)
     _, config = _bundle_parts(ref, document)
     pinned = ref.at(_sha256(raw))
-    signature = None
-    if policy is not None:
-        subject = oci_subject(_sha256(raw).removeprefix("sha256:"), raw)
-        signature = _check_signature(client, pinned, subject, policy)
+    signature = _check_signature(client, pinned, raw, policy) if policy is not None else None
     return str(config["digest"]).removeprefix("sha256:"), str(pinned), signature
 
 
