@@ -113,32 +113,40 @@ def variants(python: str, bundle: Path, work: Path, key_type: str, before: Path 
 
 
 def measure(sources: list[Variant], runs: int) -> dict:
+    """{variant: {scenario: [(wall, cpu) seconds per round]}}; "direct" is /bin/true run directly."""
     results: dict = {s.label: {k: [] for k in (*SCENARIOS, "direct")} for s in sources}
     for _ in range(runs):
         for source in sources:
             for scenario in SCENARIOS:
-                results[source.label][scenario].append(podstart.timed(source.argv(scenario), source.env)[0])
-            results[source.label]["direct"].append(podstart.timed(["/bin/true"], source.env)[0])
+                results[source.label][scenario].append(podstart.timed(source.argv(scenario), source.env))
+            results[source.label]["direct"].append(podstart.timed(["/bin/true"], source.env))
             for cold in source.work.glob("cold*"):
                 shutil.rmtree(cold, ignore_errors=True)
     return results
 
 
 def render(results: dict, runs: int) -> str:
+    """Per scenario and variant: median wall [IQR] and median CPU (user + sys of the process tree), and each
+    median's difference from the baselines'. CPU time is what a loaded box perturbs least."""
     bases = [b for b in ("before", "unsigned") if b in results]
-    header = " | ".join(f"vs `{b}` (ms)" for b in bases)
-    lines = [f"| scenario | variant | median wall (ms) | IQR (ms) | {header} |",
-             "| --- | --- | --- | --- | " + " | ".join("---" for _ in bases) + " |"]
+    header = " | ".join(f"vs `{b}`: wall / CPU (ms)" for b in bases)
+    lines = [f"| scenario | variant | median wall (ms) | IQR (ms) | median CPU (ms) | {header} |",
+             "| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in bases) + " |"]
+
+    def median(label: str, scenario: str, which: int) -> float:
+        return statistics.median(r[which] for r in results[label][scenario])
+
     for scenario in SCENARIOS:
         for label, rows in results.items():
-            shift = statistics.median(rows["direct"]) if scenario == "run-bundle" else 0.0
-            wall = podstart.summary(rows[scenario])
-            added = [f"{(wall['median'] - statistics.median(results[b][scenario])) * 1e3:+.1f}" if b != label else ""
+            shift = [median(label, "direct", i) if scenario == "run-bundle" else 0.0 for i in (0, 1)]
+            wall = podstart.summary([r[0] for r in rows[scenario]])
+            added = [f"{(median(label, scenario, 0) - median(b, scenario, 0)) * 1e3:+.1f} / "
+                     f"{(median(label, scenario, 1) - median(b, scenario, 1)) * 1e3:+.1f}" if b != label else ""
                      for b in bases]
-            lines.append(f"| {scenario} | {label} | **{(wall['median'] - shift) * 1e3:.1f}** | "
-                         f"{(wall['p25'] - shift) * 1e3:.1f}-{(wall['p75'] - shift) * 1e3:.1f} | "
-                         + " | ".join(added) + " |")
-    return "\n".join(lines) + f"\n\n{runs} interleaved rounds; run-bundle is the time added to /bin/true run directly."
+            lines.append(f"| {scenario} | {label} | **{(wall['median'] - shift[0]) * 1e3:.1f}** | "
+                         f"{(wall['p25'] - shift[0]) * 1e3:.1f}-{(wall['p75'] - shift[0]) * 1e3:.1f} | "
+                         f"{(median(label, scenario, 1) - shift[1]) * 1e3:.1f} | " + " | ".join(added) + " |")
+    return "\n".join(lines) + f"\n\n{runs} interleaved rounds; run-bundle: the time added to /bin/true run directly."
 
 
 def parts(source: Variant, public: Path, runs: int) -> str:
