@@ -39,10 +39,12 @@ _API = {
     "rm": "kernelcache.manage:rm",
     "prune": "kernelcache.manage:prune",
     "recipes": "kernelcache.plan.catalog:recipes",
+    "sign": "kernelcache.bundle.signature:sign",
+    "signature_info": "kernelcache.bundle.signature:signature_info",
 }
 
 __all__ = ["__version__", "activate", "build", "capture", "diff", "env", "fetch", "inspect", "install", "ls", "merge",
-           "pack", "plan_install", "prune", "pull", "push", "recipes", "rm", "run", "verify"]
+           "pack", "plan_install", "prune", "pull", "push", "recipes", "rm", "run", "sign", "signature_info", "verify"]
 
 if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load on first use
     from typing import Any
@@ -51,6 +53,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load
     from .bundle.compare import diff, merge
     from .bundle.inspect import inspect
     from .bundle.make import pack
+    from .bundle.signature import sign, signature_info
     from .capture import capture
     from .install import install, plan_install
     from .manage import ls, prune, rm
