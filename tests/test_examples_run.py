@@ -13,9 +13,11 @@ What stands in for what (nothing else of an example is changed):
   context (the matrix entry, ``github.ref_name``, ``github.actor``, ``secrets.GITHUB_TOKEN``) has test values.
   The workflow's first matrix job runs (the GPU the Dockerfile and the manifests name);
   KERNELCACHE_EXAMPLES_MATRIX=all runs every one.
+* The signing key pair: the workflow's secret KERNELCACHE_SIGNING_KEY is a fresh ECDSA P-256 private key (PEM),
+  and the Deployment's secret kernelcache-trusted-keys holds its public half; RUNNER_TEMP is a directory of the job.
 * Kubernetes volumes: an emptyDir is an empty directory, the credentials secret a dockerconfigjson for that
-  registry, the image volume the Dockerfile's ``kernels`` tree (the runtime stage's installed cache) bound
-  read-only where the manifest mounts it.
+  registry, the trusted-keys secret the public key above, the image volume the Dockerfile's ``kernels`` tree (the
+  runtime stage's installed cache) bound read-only where the manifest mounts it.
 * The node's GPU, for the init container that picks the bundle by it: a ``libcuda.so.1`` answering as the GPU
   the nodeSelector names (tests/helpers/gpu_node.py).
 * ``vllm serve …`` (no GPU and no model here): tests/probes/served_sampler.py, which runs vLLM's sampler paths
@@ -43,6 +45,7 @@ import pytest
 import yaml
 from helpers.common import ROOT, clean_env
 from helpers.gpu_node import libcuda_for
+from helpers.keys import write_pair
 from helpers.mounts import read_only
 from helpers.servers import htpasswd_line, registry
 from helpers.wheel import release, uv
@@ -88,6 +91,8 @@ class World:
     images: Path  # the venvs standing in for images (beside uv's cache: hard links)
     registry_host: str
     python: Path  # the serving stack's Python 3.12
+    signing_key: Path  # the CI key pair (PEM): the workflow signs with it, the Deployment trusts its public half
+    trusted_key: Path
     binds: dict[str, Path] = field(default_factory=dict)  # container path -> host path, for the command running now
 
     def place(self, path: str) -> Path:
@@ -137,9 +142,10 @@ def world(tmp_path_factory) -> World:
     images = ROOT / "build" / "example-images" / str(os.getpid())
     images.mkdir(parents=True)
     secured = tmp_path_factory.mktemp("registry")
+    signing_key, trusted_key, _ = write_pair(tmp_path_factory.mktemp("keys"), "kernelcache")
     with registry(secured, htpasswd=htpasswd_line(GITHUB["github.actor"], GITHUB["secrets.GITHUB_TOKEN"])) as server:
         try:
-            yield World(top / "fs", repo, top / "work", images, server.host, python)
+            yield World(top / "fs", repo, top / "work", images, server.host, python, signing_key, trusted_key)
         finally:
             shutil.rmtree(images, ignore_errors=True)
 
@@ -287,12 +293,12 @@ def dockerfile(world, say) -> DockerRun:
 # -- the workflow ------------------------------------------------------------------------------------------------
 
 
-def expressions(text: str, matrix: dict[str, str]) -> str:
+def expressions(text: str, matrix: dict[str, str], context: dict[str, str] = GITHUB) -> str:
     def value(match: re.Match) -> str:
         expression = match[1].strip()
         if expression.startswith("matrix."):
             return matrix[expression.removeprefix("matrix.")]
-        return GITHUB[expression]  # KeyError: an expression the runner was not told about
+        return context[expression]  # KeyError: an expression the runner was not told about
 
     return re.sub(r"\$\{\{([^}]*)\}\}", value, text)
 
@@ -301,8 +307,10 @@ def run_job(job: dict, matrix: dict[str, str], world: World, name: str) -> Path:
     """One matrix job in a fresh container of its image: the checkout is the user's repository; every run: step
     in bash -e, as GitHub runs a step without a shell: key; the artifact upload checks its path."""
     venv = world.image(job["container"]["image"], name)
-    workspace = world.work / name / "workspace"
+    workspace, runner_temp = world.work / name / "workspace", world.work / name / "runner-temp"
     workspace.mkdir(parents=True)
+    runner_temp.mkdir(parents=True)
+    context = {**GITHUB, "secrets.KERNELCACHE_SIGNING_KEY": world.signing_key.read_text()}
     for step in job["steps"]:
         uses = step.get("uses", "")
         if uses.startswith("actions/checkout@"):
@@ -311,8 +319,9 @@ def run_job(job: dict, matrix: dict[str, str], world: World, name: str) -> Path:
             assert list((workspace / expressions(step["with"]["path"], matrix)).glob("*.tar.zst")), step
         else:
             assert "run" in step and not uses, f"the examples' runner does not know the step {step}"
-            env = world.container_env(venv, name, **{k: expressions(v, matrix) for k, v in step.get("env", {}).items()})
-            script = world.rooted(expressions(step["run"], matrix))
+            own = {k: expressions(v, matrix, context) for k, v in step.get("env", {}).items()}
+            env = world.container_env(venv, name, RUNNER_TEMP=str(runner_temp), **own)
+            script = world.rooted(expressions(step["run"], matrix, context))
             run(["bash", "-e", "-c", script], env, workspace, f"workflow {name}: {step.get('name')}")
     return workspace
 
@@ -361,11 +370,11 @@ def pod_volumes(spec: dict, world: World, pod: str) -> dict[str, Path]:
         if "emptyDir" in volume:
             where.mkdir(parents=True)
         elif "secret" in volume:
-            assert volume["secret"]["secretName"] == "registry-credentials", volume
+            content = {("registry-credentials", ".dockerconfigjson"): docker_config(world),
+                       ("kernelcache-trusted-keys", "kernelcache.pub"): world.trusted_key.read_text()}
             where.mkdir(parents=True)
             for item in volume["secret"]["items"]:
-                assert item["key"] == ".dockerconfigjson", item
-                (where / item["path"]).write_text(docker_config(world))
+                (where / item["path"]).write_text(content[volume["secret"]["secretName"], item["key"]])
         elif "image" in volume:
             assert "vllm-kernels-tree" in volume["image"]["reference"], volume  # examples/Dockerfile --target kernels
             where = world.place(copied_tree("kernels"))
@@ -496,6 +505,7 @@ def test_the_workflow_jobs_build_and_push_to_one_index(workflow, world):
 def test_the_deployment_installs_from_the_registry_and_its_server_compiles_nothing(deployment):
     [init] = deployment.init
     assert re.search(r"installed \d+ entries", init.stdout), init.stdout
+    assert "(a trusted key)" in init.stdout  # the workflow signed what the init container's policy required
     assert deployment.served.events and not deployment.served.misses, deployment.served.misses[:5]
     assert volume_of(deployment.served.where["TRITON_CACHE_DIR"], deployment) == "kernelcache"
     assert deployment.served.where["TRITON_CACHE_MANAGER"] is None
