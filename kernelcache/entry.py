@@ -97,9 +97,10 @@ def _install(options: dict, positionals: list[str]) -> bool:
     found = find_checked(positionals[0], cache_dir, check_gpu)
     if found is None:
         return _install_now(positionals[0], cache_dir, check_gpu, bool(options.get("--json")))
-    root, digest, warnings = found
+    root, digest, warnings, choices = found
     _render_install({"cache_dir": str(root), "digest": digest, "action": "already-installed", "written": 0,
-                     "present": 0, "seconds": 0.0, "warnings": list(warnings)}, bool(options.get("--json")))
+                     "present": 0, "seconds": 0.0, "warnings": list(warnings), "choices": choices},
+                    bool(options.get("--json")))
     return True
 
 
@@ -131,13 +132,14 @@ def _render_install(result: dict, as_json: bool) -> None:
     """``cli._render_install`` of an install without ``--force`` (so no FORCED warning, the one click styles)."""
     for warning in result["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
+    tuned = "; autotune choices installed" if result.get("choices") == "installed" else ""
     if as_json:
         print(json.dumps({k: v for k, v in result.items() if k != "warnings"}, indent=1))
     elif result["action"] == "already-installed":
-        print(f"already installed in {result['cache_dir']} (digest {result['digest'][:16]})")
+        print(f"already installed in {result['cache_dir']} (digest {result['digest'][:16]}){tuned}")
     else:
         print(f"installed {result['written']} entries into {result['cache_dir']} ({result['present']} already "
-              f"there) in {result['seconds']:.2f}s")
+              f"there) in {result['seconds']:.2f}s{tuned}")
 
 
 def _env(options: dict, positionals: list[str]) -> bool:

@@ -11,8 +11,8 @@ real path>.json`` with what that decision rested on:
 * the digest of the ``EnvironmentKey`` the fingerprint was checked under (bundle/envkey.py: the interpreter,
   Triton's files, ptxas, the key variables, the packages' metadata, all by stat);
 * the GPU witness it was checked with (bundle/envscan.py ``gpu_witness``), or none when no GPU check ran;
-* the warnings it gave (differences that do not block, such as another torch): a no-op answered from the
-  record says them again;
+* the warnings it gave (differences that do not block, such as another torch, or autotune choices it left out)
+  and whether it installed the bundle's autotune choices: a no-op answered from the record says them again;
 * kernelcache's version and this record's format.
 
 ``find_checked`` answers the digest only when every one of these holds now, the receipt is there, every
@@ -61,18 +61,19 @@ def _record_path(root: str, bundle: str) -> str:
 
 
 # A no-op install the record vouches for (a namedtuple: typing's NamedTuple would cost the import of typing).
-Checked = namedtuple("Checked", ["cache_dir", "digest", "warnings"])
+Checked = namedtuple("Checked", ["cache_dir", "digest", "warnings", "choices"])
 
 
 def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[int], digest: str,
-                     files: list[str], environment_key_digest: str, gpu: str | None, warnings: list[str]) -> None:
+                     files: list[str], environment_key_digest: str, gpu: str | None, warnings: list[str],
+                     choices: str = "") -> None:
     """Keep what an accepted install was checked against (``identity``: the bundle file's, taken before it was
     read). A cache dir that cannot take it only loses the speed-up."""
     if not cache.state.is_dir() or bundle_identity(bundle) != identity:
         return  # the file changed while it was installed: nothing to vouch for
     record = {"format": FORMAT, "kernelcache": __version__, "bundle": os.path.realpath(bundle),
               "identity": identity, "digest": digest, "environment_key": environment_key_digest, "gpu": gpu,
-              "warnings": list(warnings), "files": sorted(files)}
+              "warnings": list(warnings), "files": sorted(files), "choices": choices}
     import contextlib
     from pathlib import Path
 
@@ -103,7 +104,7 @@ def find_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None,
         os.utime(_record_path(root, os.fspath(bundle)))  # used now: prune keeps what is used
     except OSError:
         pass
-    return Checked(root, record["digest"], tuple(record["warnings"]))
+    return Checked(root, record["digest"], tuple(record["warnings"]), str(record.get("choices") or ""))
 
 
 def _holds(record: dict, root: str, bundle: str | os.PathLike, check_gpu: bool) -> bool:

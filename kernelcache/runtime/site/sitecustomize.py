@@ -10,6 +10,9 @@
   ``ldconfig -p`` runs return what the install recorded while the files behind them hold (``kernelcache_outputs``).
 * Compile log (``KERNELCACHE_COMPILE_LOG`` set, as ``capture`` does): once ``triton`` is imported,
   every compile() (hit or miss) and every gcc build of a Triton helper module is appended to the log.
+* Autotune choices (``KERNELCACHE_AUTOTUNE_CHECK=1``, as ``env`` / ``run`` set it beside
+  ``TRITON_CACHE_AUTOTUNING=1`` where an installed bundle carries choices): once Triton's autotuner is imported,
+  an autotune file it could not use is timed again instead of failing the launch (``kernelcache_autotune``).
 
 Nothing here imports Triton early; processes that never import it are untouched. Any
 ``sitecustomize`` this one shadows on ``sys.path`` still runs, first.
@@ -73,3 +76,7 @@ finally:
         seed_on_import(os.environ["KERNELCACHE_TRITON_KEYS"])
     if os.environ.get("KERNELCACHE_COMPILE_LOG"):
         sys.meta_path.insert(0, AfterImport("triton", _record_compiles))
+    if os.environ.get("KERNELCACHE_AUTOTUNE_CHECK") == "1":
+        import kernelcache_autotune
+
+        kernelcache_autotune.guard_on_import()
