@@ -59,8 +59,12 @@ def choice_file(cache: Path) -> Path:
 def seeded(tmp_path_factory) -> Path:
     """A cache where Triton timed the three candidates once and kept its choice, BLOCK 64."""
     cache = tmp_path_factory.mktemp("seeded") / "cache"
-    first = seen(probe(cache))
+    first = seen(probe(cache, ALL, "--log"))
     assert len(first["benched"]) == 3 and first["chosen"] == FASTEST and len(first["files"]) == 1
+    timed = [r["config"] for r in first["log"] if r["event"] == "autotune_bench"]
+    (lookup,) = [r for r in first["log"] if r["event"] == "autotune"]
+    assert timed == first["benched"]  # kernelcache's autotune log saw each candidate Triton timed
+    assert f"{lookup['dir']}/{lookup['file']}" == first["files"][0] and lookup["hit"] is False
     return cache
 
 
@@ -74,8 +78,9 @@ def cache(seeded, tmp_path) -> Path:
 
 
 def test_a_kept_choice_is_taken_in_a_new_process_without_timing(cache):
-    again = seen(probe(cache))
+    again = seen(probe(cache, ALL, "--log"))
     assert again["benched"] == [] and again["chosen"] == FASTEST
+    assert [(r["event"], r["hit"]) for r in again["log"]] == [("autotune", True)]
 
 
 def test_a_choice_for_a_config_the_kernel_no_longer_lists_is_never_used(cache):

@@ -1,6 +1,6 @@
 """One process launching a real ``@triton.autotune`` kernel with Triton's autotune disk cache on, for sm_90.
 
-    python autotune_disk.py BLOCKS [--guard | --activate CACHE_DIR]
+    python autotune_disk.py BLOCKS [--guard | --activate CACHE_DIR] [--log]
 
 ``BLOCKS``: the candidate configs, as comma-separated ``BLOCK`` sizes (each ``num_warps=4``). The kernel is
 launched once through ``Autotuner.run`` on CPU tensors behind kernelcache's fake sm_90 target (launches are
@@ -17,7 +17,8 @@ What is faked, and why: the fake target has no clock, so the benchmark is the au
 ``kernelcache env`` / ``run`` arrange (through sitecustomize) where a bundle's choices are installed.
 ``--activate CACHE_DIR``: ``kernelcache.activate(cache_dir=...)`` first, as an in-process user calls it. Prints one
 JSON line: the configs benchmarked, the config chosen, whether the guard wrapped the autotuner, the autotune files
-under the cache dir; a Triton error escapes.
+under the cache dir; a Triton error escapes. ``--log``: kernelcache's autotune log (exercise/autotune_log.py) records
+too, and its records are printed under ``log``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ def main() -> int:
 
         kernelcache_autotune.guard(autotuner)
     benched: list[str] = []
+    logged: list[dict] = []
+    if "--log" in sys.argv[2:]:
+        from kernelcache.exercise import autotune_log
+
+        autotune_log.install(also=logged.append)
 
     def do_bench(kernel_call, quantiles=None):
         config = next(c for c in kernel.configs if str(c) == current[0])
@@ -80,7 +86,8 @@ def main() -> int:
     root = Path(os.environ["TRITON_CACHE_DIR"])
     files = sorted(f"{p.parent.name}/{p.name}" for p in root.glob("*/*.autotune.json"))
     guarded = getattr(type(kernel).check_disk_cache, "kernelcache_guarded", False)
-    print(json.dumps({"benched": benched, "chosen": str(kernel.best_config), "guarded": guarded, "files": files}))
+    print(json.dumps({"benched": benched, "chosen": str(kernel.best_config), "guarded": guarded, "files": files,
+                      "log": [{k: r[k] for k in r if k not in ("pid", "time", "task")} for r in logged]}))
     return 0
 
 
