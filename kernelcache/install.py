@@ -122,7 +122,7 @@ class InstallPlan:
         warnings = [f"{d.field}: bundle {d.bundle}, here {d.local} ({d.why})" for d in self.differences]
         if self.blocking:
             warnings.insert(0, "FORCED: installing a bundle whose fingerprint does not match; expect compiles")
-        if self.choices_skipped:
+        if self.choices_skipped and self.manifest.tuning is not None:
             warnings.append(self.choices_skipped)
         return warnings
 

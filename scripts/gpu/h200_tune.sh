@@ -55,45 +55,7 @@ for name in bundle bundle-served tuned tuned-served; do
   python3 scripts/gpu/mamba_check.py compare "$T/outputs-cold.pt" "$T/outputs-$name.pt" > "$OUT/compare-$name.json" \
     2> "$OUT/compare-$name.err"
 done
-python3 - "$OUT" "$gpu" <<'PY' > "$OUT/tune_proof.json"
-import json, sys
-from pathlib import Path
-out, gpu = Path(sys.argv[1]), sys.argv[2]
-def load(name):
-    try:
-        return json.loads((out / name).read_text())
-    except (OSError, ValueError) as exc:
-        return {"error": f"{name}: {exc}"}
-runs = ("cold", "bundle", "bundle-served", "tuned", "tuned-served")
-results = {name: load(f"mamba-{name}.json") for name in runs}
-pick = ("first_call_s", "total_s", "compiles", "hits", "gcc_builds", "benchmarks", "autotune_hits",
-        "autotune_misses", "autotune_cache", "autotune_guard", "error")
-summary = {"gpu": gpu, "env": (out / "env.txt").read_text()}
-tune = load("tune.json")
-summary["tune"] = {k: tune.get(k) for k in ("tuned_on", "benchmarks", "compiles", "hits", "seconds", "digest",
-                                            "error")}
-summary["tune"]["choices"] = [(c["kernel"], c["key"], c["config"], c["candidates"]) for c in tune.get("choices", [])]
-summary["tune_stderr"] = (out / "tune.err").read_text()[-1500:]
-for name in runs:
-    run = results[name]
-    row = {k: run.get(k) for k in pick if k in run}
-    if name != "cold":
-        row["install"] = {k: v for k, v in load(f"install-{name}.json").items() if k in ("action", "choices", "error")}
-        row["outputs_vs_cold"] = {k: v for k, v in load(f"compare-{name}.json").items() if k != "per_step"}
-    row["first_step_by_kernel"] = (run.get("calls") or [{}])[0].get("by_kernel")
-    summary[name] = row
-steps = {n: {c["step"]: c for c in r.get("calls", [])} for n, r in results.items()}
-summary["per_step"] = [{"step": step, **{n: {k: steps[n][step].get(k) for k in ("seconds", "compiles", "benchmarks")}
-                                         for n in runs if step in steps[n]}}
-                       for step in steps["cold"] or steps["tuned-served"]]
-summary["chosen"] = {n: results[n].get("autotune") for n in ("cold", "tuned-served")}
-summary["ls_tuned"] = [{k: b.get(k) for k in ("name", "tuned_on", "choices", "choices_skipped")}
-                       for b in load("ls-tuned.json").get("bundles", [])]
-served = results["tuned-served"]
-summary["target_met"] = (served.get("first_call_s") is not None and served["first_call_s"] <= 0.5
-                         and served.get("benchmarks") == 0 and served.get("compiles") == 0)
-print(json.dumps(summary, indent=1))
-PY
+python3 scripts/gpu/summarise_tune.py "$OUT" "$gpu" > "$OUT/tune_proof.json"
 tar -C "$T" -czf "$OUT/logs.tgz" home 2>/dev/null
 head -c 9000 "$OUT/tune_proof.json"
 tail -c 1500 "$OUT/mamba-tuned-served.log"
