@@ -285,3 +285,28 @@ def test_tune_refuses_without_a_gpu_of_the_bundle_profile(bundles, stub, tmp_pat
     used = kc("tune", str(bundles["base"]), "--cache-dir", str(tmp_path / "used"), env=env_for(stub, H200))
     assert used.returncode == 2 and "must be absent or empty" in used.stderr
     assert not (tmp_path / "t.tar.zst").exists()
+
+
+# A user's sitecustomize that runs the next one on sys.path, as the GPU harness's does (scripts/gpu/site/).
+CHAINING = '''import importlib.machinery, importlib.util, os, sys
+here = os.path.dirname(os.path.abspath(__file__))
+os.environ["CHAINED_RUNS"] = str(int(os.environ.get("CHAINED_RUNS", "0")) + 1)
+rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+if spec is not None:
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+'''
+
+
+def test_a_sitecustomize_that_chains_back_runs_once_and_the_guard_is_on(tmp_path):
+    """kernelcache's sitecustomize runs the one it shadows; one that runs the next on the path in turn finds
+    kernelcache's again, which then does nothing: no recursion, each runs once, the guard is set once."""
+    other = tmp_path / "site"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text(CHAINING)
+    code = ("import os; import triton.runtime.autotuner as a; "
+            "print(os.environ['CHAINED_RUNS'], getattr(a.Autotuner.check_disk_cache, 'kernelcache_guarded', False))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=clean_env(PYTHONPATH=f"{SITE_DIR}:{other}", KERNELCACHE_AUTOTUNE_CHECK="1"))
+    assert done.stdout.split() == ["1", "True"] and "Error in sitecustomize" not in done.stderr, done.stderr[-2000:]

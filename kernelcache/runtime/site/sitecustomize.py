@@ -15,7 +15,9 @@
   an autotune file it could not use is timed again instead of failing the launch (``kernelcache_autotune``).
 
 Nothing here imports Triton early; processes that never import it are untouched. Any
-``sitecustomize`` this one shadows on ``sys.path`` still runs, first.
+``sitecustomize`` this one shadows on ``sys.path`` still runs, first; one that chains to the next
+``sitecustomize`` on the path in turn (and so back to this one) finds this one already running, and
+everything here happens once.
 """
 
 from __future__ import annotations
@@ -67,9 +69,17 @@ def _record_compiles(triton) -> None:
     listener.count_builds()
 
 
-try:
-    _run_shadowed_sitecustomize()
-finally:
+_RUNNING = "_kernelcache_sitecustomize"  # set on sys while this runs: a copy of this file loaded again does nothing
+
+
+def _once() -> bool:
+    if getattr(sys, _RUNNING, False):
+        return False
+    setattr(sys, _RUNNING, True)
+    return True
+
+
+def _hooks() -> None:
     if os.environ.get("KERNELCACHE_MISS_LOG") and "kernelcache_overlay" in os.environ.get("TRITON_CACHE_MANAGER", ""):
         sys.meta_path.insert(0, AfterImport("triton.knobs", _attach))
     if os.environ.get("KERNELCACHE_TRITON_KEYS"):
@@ -80,3 +90,10 @@ finally:
         import kernelcache_autotune
 
         kernelcache_autotune.guard_on_import()
+
+
+if _once():
+    try:
+        _run_shadowed_sitecustomize()
+    finally:
+        _hooks()
