@@ -363,7 +363,7 @@ def _install_locked(plan: InstallPlan, cache: CacheDir) -> tuple[int, int]:
         archive.extract(plan.bundle, staging, plan.limits, rewrite=relocated_groups(plan.manifest, plan.cache_dir))
         entries = entry_dirs(plan.manifest, plan.choices)
         receipt = Receipt(plan.digest, plan.manifest, tuple(entries), str(plan.bundle), str(plan.cache_dir),
-                          time.time(), os.getpid(), plan.choices_skipped or "")
+                          time.time(), os.getpid(), plan.choices_skipped if plan.choices_state == "skipped" else "")
         pending = cache.receipt_path(plan.digest).with_name(f".{plan.digest}.json.pending")
         atomic_write(pending, receipt.to_json().encode())
         try:

@@ -17,7 +17,8 @@ cache-invalidating variables, the tuning key and the candidates, but not the GPU
    (docs/FORMAT.md). ``merge`` folds such a bundle into another of the same kernels.
 
 What runs is whatever the plan's exercise tasks launch; a plan that launches no autotuned kernel (a sampler
-bundle) has nothing to tune (``NothingTuned``).
+bundle) has nothing to tune (``NothingTuned``). A tune that fails keeps its scratch dir (``kernelcache-tune-*``
+under the temp dir: the exercise processes' logs); one that succeeds or is interrupted removes it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from .bundle.archive import bundle_digest, extract, read_manifest, write
 from .bundle.manifest import AUTOTUNE_SUFFIX, FileRecord, Manifest, Tuning
-from .errors import ArchMismatch, CompilesDetected, NothingTuned, UsageError
+from .errors import ArchMismatch, CompilesDetected, KernelcacheError, NothingTuned, UsageError
 from .exercise.jobs import exercise
 from .install import check_choices, plan_install
 from .plan.gpus import PROFILES, GpuProfile, VisibleGpu, stamp, visible_gpus
@@ -82,7 +83,7 @@ def tune(bundle: str | os.PathLike, output: str | os.PathLike | None = None,
     out = _output(source, output)
     kept = _fresh(Path(cache_dir)) if cache_dir is not None else None
     gpu = tuning_gpu(manifest)
-    scratch = Path(tempfile.mkdtemp(prefix="kernelcache-tune-"))
+    scratch, failed = Path(tempfile.mkdtemp(prefix="kernelcache-tune-")), False
     try:
         root = kept or scratch / "cache"
         plan = replace(plan_install(source, root), choices_skipped="kernelcache tune times them again")
@@ -96,8 +97,12 @@ def tune(bundle: str | os.PathLike, output: str | os.PathLike | None = None,
         tuning = Tuning(when.product, when.driver, when.cuda, when.clocks,
                         tuple(FileRecord(path, len(blob), _sha256(blob)) for path, blob in sorted(data.items())))
         tuned = with_choices(source, manifest, tuning, data, out)
+    except KernelcacheError:
+        failed = True  # its exercise logs say why (an error from an exercise process names its log)
+        raise
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if not failed:
+            shutil.rmtree(scratch, ignore_errors=True)
     benchmarks = sum(1 for r in run.log.autotune if r.get("event") == "autotune_bench")
     return TuneResult(out, bundle_digest(tuned), bundle_digest(manifest), tuning, choices, benchmarks,
                       sum(1 for r in run.log.compiles if r.cache_hit), time.perf_counter() - started)

@@ -9,7 +9,8 @@
 # tuned bundle. Then scripts/gpu/mamba_check.py runs the layer's steps (prefill, decode, decode x8, mixed,
 # continued chunked prefill, a 512-token prefill) in a fresh process each, every bundle installed at its own new
 # path: cold (empty cache); today's bundle with plain TRITON_CACHE_DIR (as BENCHMARKS' 5.9 s row was measured);
-# today's bundle served through `kernelcache run`; the tuned bundle with plain TRITON_CACHE_DIR (vLLM's own
+# a second process on that same cache dir (whatever Triton kept from the first); today's bundle served through
+# `kernelcache run`; the tuned bundle with plain TRITON_CACHE_DIR (vLLM's own
 # TRITON_CACHE_AUTOTUNING=1 reads the choices); the tuned bundle served through `kernelcache run` (the target:
 # first call <= 0.5 s, 0 benchmark runs). Each run counts compiles, gcc builds, candidate configs the autotuner
 # timed and its disk lookups; outputs are compared with the cold run's. (Install's refusal of choices timed on
@@ -27,8 +28,8 @@ case "$gpu" in
 esac
 bundle=$(ls "$dir"/*-sm_90-"$profile".tar.zst | head -1)
 echo "gpu=$gpu profile=$profile bundle=$bundle" | tee -a "$OUT/env.txt"
-export HOME=$T/home
-mkdir -p "$HOME" "$T/cold"
+export HOME=$T/home TMPDIR=$T/tmp  # a tune that fails keeps its exercise logs under $TMPDIR
+mkdir -p "$HOME" "$TMPDIR" "$T/cold"
 timeout 300 python3 -m kernelcache tune "$bundle" -o "$T/tuned.tar.zst" --json > "$OUT/tune.json" 2> "$OUT/tune.err"
 echo "tune rc=$?" | tee -a "$OUT/tune.err"
 python3 -m kernelcache inspect "$T/tuned.tar.zst" > "$OUT/inspect-tuned.txt" 2>&1
@@ -46,16 +47,17 @@ install_at() {  # install_at NAME BUNDLE: a new cache dir per run, so no run see
 }
 check cold "$T/cold"
 install_at bundle "$bundle"; check bundle "$T/bundle/cache"
+check bundle-warm "$T/bundle/cache"  # a second process on the same dir: Triton's own kept choices, if any
 install_at bundle-served "$bundle"; check bundle-served "$T/bundle-served/cache" served
 install_at tuned "$T/tuned.tar.zst"; check tuned "$T/tuned/cache"
 install_at tuned-served "$T/tuned.tar.zst"; check tuned-served "$T/tuned-served/cache" served
 python3 -m kernelcache ls --cache-dir "$T/tuned-served/cache" --json > "$OUT/ls-tuned.json" 2>&1
 python3 -m kernelcache env --cache-dir "$T/tuned-served/cache" --json > "$OUT/env-tuned.json" 2>&1
-for name in bundle bundle-served tuned tuned-served; do
+for name in bundle bundle-warm bundle-served tuned tuned-served; do
   python3 scripts/gpu/mamba_check.py compare "$T/outputs-cold.pt" "$T/outputs-$name.pt" > "$OUT/compare-$name.json" \
     2> "$OUT/compare-$name.err"
 done
 python3 scripts/gpu/summarise_tune.py "$OUT" "$gpu" > "$OUT/tune_proof.json"
-tar -C "$T" -czf "$OUT/logs.tgz" home 2>/dev/null
+tar -C "$T" -czf "$OUT/logs.tgz" home $(cd "$T" && find tmp -name worker.log -o -name '*.result') 2>/dev/null
 head -c 9000 "$OUT/tune_proof.json"
 tail -c 1500 "$OUT/mamba-tuned-served.log"

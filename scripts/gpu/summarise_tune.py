@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-RUNS = ("cold", "bundle", "bundle-served", "tuned", "tuned-served")
+RUNS = ("cold", "bundle", "bundle-warm", "bundle-served", "tuned", "tuned-served")
 PICK = ("first_call_s", "total_s", "compiles", "hits", "gcc_builds", "benchmarks", "autotune_hits", "autotune_misses",
         "autotune_cache", "autotune_guard", "error")
 TARGET_S = 0.5  # issue 28: the tuned bundle's first call, with 0 benchmark runs
@@ -35,9 +35,10 @@ def tune_row(folder: Path) -> dict:
 
 def run_row(folder: Path, name: str, run: dict) -> dict:
     row = {k: run.get(k) for k in PICK if k in run}
-    if name != "cold":
+    if name not in ("cold", "bundle-warm"):
         row["install"] = {k: v for k, v in read(folder, f"install-{name}.json").items()
                           if k in ("action", "choices", "error")}
+    if name != "cold":
         row["outputs_vs_cold"] = {k: v for k, v in read(folder, f"compare-{name}.json").items() if k != "per_step"}
     row["first_step_by_kernel"] = (run.get("calls") or [{}])[0].get("by_kernel")
     return row
