@@ -30,6 +30,7 @@ _API = {
     "build": "kernelcache.build:build",
     "capture": "kernelcache.capture:capture",
     "verify": "kernelcache.verify:verify",
+    "tune": "kernelcache.tune:tune",
     "diff": "kernelcache.bundle.compare:diff",
     "merge": "kernelcache.bundle.compare:merge",
     "push": "kernelcache.remote.oci:push",
@@ -44,7 +45,8 @@ _API = {
 }
 
 __all__ = ["__version__", "activate", "build", "capture", "diff", "env", "fetch", "inspect", "install", "ls", "merge",
-           "pack", "plan_install", "prune", "pull", "push", "recipes", "rm", "run", "sign", "signature_info", "verify"]
+           "pack", "plan_install", "prune", "pull", "push", "recipes", "rm", "run", "sign", "signature_info", "tune",
+           "verify"]
 
 if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load on first use
     from typing import Any
@@ -61,12 +63,13 @@ if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load
     from .remote import fetch, pull
     from .remote.oci import push
     from .runtime.env import activate, env, run
+    from .tune import tune
     from .verify import verify
 
 
 class _Package(types.ModuleType):
-    """``build``, ``install``, ``capture`` and ``verify`` name both a verb and the module that holds it. Importing
-    such a module makes Python bind the module to the package's attribute; refused here, so
+    """``build``, ``install``, ``capture``, ``tune`` and ``verify`` name both a verb and the module that holds it.
+    Importing such a module makes Python bind the module to the package's attribute; refused here, so
     ``kernelcache.verify`` stays the verb however often it is called and whatever was imported before
     (``from kernelcache.verify import ...`` still reaches the module)."""
 

@@ -288,6 +288,16 @@ def inspect(bundle: str, as_json: bool) -> None:
     for fi in m.flashinfer:
         out.print(f"flashinfer module {fi.name}: flashinfer {fi.version}, CUDA {fi.cuda}, {' '.join(fi.archs)}, "
                   f"tvm-ffi {fi.tvm_ffi}")
+    out.print(_tuning_line(m.tuning), markup=False)
+
+
+def _tuning_line(tuning) -> str:
+    """Whether a bundle carries autotune choices, for which kernels, and where they were timed."""
+    if tuning is None:
+        return "autotune choices: none (kernelcache tune times them on a GPU of the bundle's profile)"
+    names = sorted(set(tuning.kernels()))
+    return (f"autotune choices: {len(tuning.files)} for {len(names)} kernel(s) ({', '.join(names)}), "
+            f"timed on {tuning.where()}")
 
 
 @main.command()
@@ -348,11 +358,12 @@ def _render_install(result: dict, as_json: bool) -> None:
         _json({k: v for k, v in result.items() if k != "warnings"})
         return
     signed = said(result.get("signature"))
+    tuned = "; autotune choices installed" if result.get("choices") == "installed" else ""
     if result["action"] == "already-installed":
-        click.echo(f"already installed in {result['cache_dir']} (digest {result['digest'][:16]}){signed}")
+        click.echo(f"already installed in {result['cache_dir']} (digest {result['digest'][:16]}){signed}{tuned}")
     else:
         click.echo(f"installed {result['written']} entries into {result['cache_dir']} ({result['present']} already "
-                   f"there) in {result['seconds']:.2f}s{signed}")
+                   f"there) in {result['seconds']:.2f}s{signed}{tuned}")
 
 
 @main.command()
@@ -418,21 +429,24 @@ def _render_listing(listing) -> None:
     from .bundle.inspect import human_size
 
     table = _table(title=f"{listing.cache_dir}", title_justify="left")
-    for column in ("name", "digest", "target", "matches", "kernels", "size", "rm frees", "installed", "last served",
-                   "shared", "signed by"):
+    for column in ("name", "digest", "target", "matches", "kernels", "tuned", "size", "rm frees", "installed",
+                   "last served", "shared", "signed by"):
         table.add_column(column, overflow="fold")
     for b in listing.bundles:
         matches = {True: Text("yes"), False: Text("NO", style="bold red"), None: Text("?")}[b.matches]
         shared = ", ".join(f"{s.entries} with {s.name}" for s in b.shared_with) or "-"
         table.add_row(Text(b.name), b.digest[:12], " ".join(filter(None, (b.arch, b.gpu))), matches, str(b.kernels),
-                      b.size_on_disk_str, human_size(b.exclusive_size), _when(b.installed_at), _when(b.last_served),
-                      Text(shared), Text(_signer(b.signature)))
+                      Text(_tuned(b)), b.size_on_disk_str, human_size(b.exclusive_size), _when(b.installed_at),
+                      _when(b.last_served), Text(shared), Text(_signer(b.signature)))
     out.print(table)
     for b in listing.bundles:
         for difference in b.differences:
             out.print(f"{b.name}: {difference}", markup=False)
         if b.missing_files:
             out.print(f"{b.name}: {b.missing_files} installed file(s) missing; install it again", markup=False)
+        if b.tuned_on:
+            state = b.choices_skipped or f"{b.choices} autotune choice(s) installed"
+            out.print(f"{b.name}: tuned on {b.tuned_on}: {state}", markup=False)
     out.print(f"{len(listing.bundles)} bundle(s), {human_size(listing.size_on_disk)} on disk", markup=False)
 
 
@@ -442,6 +456,12 @@ def _signer(signature) -> str:
         return signature.status if signature.status != "unrecorded" else "?"
     trust = "trusted" if signature.status == "trusted" else "not checked against a trusted key"
     return f"{', '.join(s[:19] + '…' for s in signature.signers)} ({trust})"
+def _tuned(bundle) -> str:
+    """The ``tuned`` cell: the product its choices were timed on (skipped here, when the install left them out)."""
+    if not bundle.tuned_on:
+        return "-"
+    product = bundle.tuned_on.split(" (")[0]
+    return f"{product} (skipped)" if bundle.choices_skipped else product
 
 
 def _when(seconds: float | None) -> str:
@@ -700,6 +720,32 @@ def _verify_summary(report) -> None:
                   f"{', '.join(names)}", markup=False)
     out.print(f"{report.tasks} tasks: {report.hits} hits, {report.compiles} compiles, {len(report.gcc_builds)} gcc "
               f"builds, {len(report.files_written)} files written in {report.seconds:.1f}s")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Tuned bundle to write [default: <name>-tuned.tar.zst beside BUNDLE].")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              help="Install and time in this dir, and keep it (absent or empty) [default: a temporary dir].")
+@click.option("--json", "as_json", is_flag=True)
+def tune(bundle: str, output: str | None, cache_dir: str | None, as_json: bool) -> None:
+    """Time BUNDLE's autotuned kernels on a GPU of its profile and write a bundle that carries the choices.
+
+    Served processes of a cache dir where such a bundle is installed take Triton's choices from it instead of
+    timing every candidate config at first launch."""
+    from .tune import tune as do_tune
+
+    _terminate_cleanly()  # tune installs only into its own cache dir
+    result = do_tune(bundle, output, cache_dir)
+    if as_json:
+        _json(result.to_dict())
+        return
+    names = sorted({c.kernel for c in result.choices})
+    out.print(f"tuned {len(result.choices)} choice(s) for {len(names)} kernel(s) ({', '.join(names)}): "
+              f"{result.benchmarks} candidate(s) timed, 0 compiles ({result.hits} hits) on "
+              f"{result.tuning.where()} in {result.seconds:.1f}s", markup=False)
+    out.print(f"wrote {result.path} (digest {result.digest[:16]})", markup=False)
 
 
 # -- fleet distribution: registries, URLs, diff, merge ----------------------------------------------

@@ -118,9 +118,10 @@ def _install(options: dict, positionals: list[str]) -> bool:
     found = find_checked(positionals[0], cache_dir, check_gpu, signature_policy)
     if found is None:
         return _install_now(positionals[0], cache_dir, check_gpu, bool(options.get("--json")), signature_policy)
-    root, digest, warnings, signature = found
+    root, digest, warnings, signature, choices = found
     _render_install({"cache_dir": str(root), "digest": digest, "action": "already-installed", "written": 0,
-                     "present": 0, "seconds": 0.0, "warnings": list(warnings), "signature": signature},
+                     "present": 0, "seconds": 0.0, "warnings": list(warnings), "signature": signature,
+                     "choices": choices},
                     bool(options.get("--json")))
     return True
 
@@ -157,13 +158,14 @@ def _render_install(result: dict, as_json: bool) -> None:
     signed = said(result.get("signature"))
     for warning in result["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
+    tuned = "; autotune choices installed" if result.get("choices") == "installed" else ""
     if as_json:
         print(json.dumps({k: v for k, v in result.items() if k != "warnings"}, indent=1))
     elif result["action"] == "already-installed":
-        print(f"already installed in {result['cache_dir']} (digest {result['digest'][:16]}){signed}")
+        print(f"already installed in {result['cache_dir']} (digest {result['digest'][:16]}){signed}{tuned}")
     else:
         print(f"installed {result['written']} entries into {result['cache_dir']} ({result['present']} already "
-              f"there) in {result['seconds']:.2f}s{signed}")
+              f"there) in {result['seconds']:.2f}s{signed}{tuned}")
 
 
 def _env(options: dict, positionals: list[str]) -> bool:

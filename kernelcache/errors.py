@@ -175,6 +175,12 @@ class NothingVerified(KernelcacheError):
     exit_code = 52
 
 
+class NothingTuned(KernelcacheError):
+    """tune ran the bundle's plan and no autotuned kernel left a choice to keep."""
+
+    exit_code = 54
+
+
 class FlashInferUnverified(KernelcacheError):
     """verify could not find, load or (on a GPU) call an installed FlashInfer module through FlashInfer."""
 

@@ -45,9 +45,9 @@ from pathlib import Path
 from .bundle import archive
 from .bundle.envkey import EnvironmentKey, KnownEnvironment, environment_key
 from .bundle.envscan import distribution_version, gpu_witness, package_dir
-from .bundle.fingerprint import Difference, compare, compare_gpu, local_environment
+from .bundle.fingerprint import Difference, choices_refusal, compare, compare_gpu, local_environment
 from .bundle.identity import environment_from
-from .bundle.manifest import Environment, Kernel, Manifest
+from .bundle.manifest import AUTOTUNE_SUFFIX, Environment, Kernel, Manifest
 from .bundle.signature import SignatureInfo, check_file
 from .bundle.trust import NO_POLICY, Policy, policy, signature_path
 from .cachedir import CacheDir, Journal, Receipt, atomic_write, publish_entries, recover, resolve_cache_dir
@@ -77,6 +77,7 @@ class InstallResult:
     seconds: float = 0.0
     warnings: tuple[str, ...] = ()
     signature: SignatureInfo | None = None  # who signed the bundle, as this install checked it
+    choices: str = ""  # the bundle's autotune choices: "installed", "skipped" (timed on another product), "": none
 
     def to_dict(self) -> dict:
         return {**asdict(self), "cache_dir": str(self.cache_dir), "warnings": list(self.warnings),
@@ -99,14 +100,24 @@ class InstallPlan:
     identity: list[int] | None = None  # the bundle file's, taken before its manifest was read
     signature: SignatureInfo | None = None  # the bundle's signature, checked before its manifest was read
     signature_identity: list[int] | None = None  # the signature file's, taken before it was read
+    choices_skipped: str | None = None  # why its autotune choices stay out (timed on another GPU product)
 
     @property
     def blocking(self) -> tuple[Difference, ...]:
         return tuple(d for d in self.differences if d.blocking)
 
     @property
+    def choices(self) -> bool:
+        """Whether the bundle's autotune choices are installed with its kernels."""
+        return self.manifest.tuning is not None and self.choices_skipped is None
+
+    @property
+    def choices_state(self) -> str:
+        return "" if self.manifest.tuning is None else "installed" if self.choices else "skipped"
+
+    @property
     def already_installed(self) -> bool:
-        return CacheDir(self.cache_dir).installed_complete(self.digest, self.manifest)
+        return CacheDir(self.cache_dir).installed_complete(self.digest, self.manifest, self.choices)
 
     def check(self) -> list[str]:
         """Raise if the bundle would miss here (unless forced); return warnings."""
@@ -122,6 +133,8 @@ class InstallPlan:
             warnings.append(f"signature: {self.signature.describe()}")
         if self.blocking:
             warnings.insert(0, "FORCED: installing a bundle whose fingerprint does not match; expect compiles")
+        if self.choices_skipped and self.manifest.tuning is not None:
+            warnings.append(self.choices_skipped)
         return warnings
 
     def execute(self) -> InstallResult:
@@ -131,7 +144,7 @@ class InstallPlan:
         if self.already_installed and not cache.pending_journals():  # else: under the lock, rolled forward first
             self._keep_fingerprint(cache)
             return InstallResult(self.cache_dir, self.digest, "already-installed", seconds=0.0, warnings=warnings,
-                                 signature=self.signature)
+                                 signature=self.signature, choices=self.choices_state)
         cache.ensure_state()
         try:
             with cache.locked():
@@ -140,7 +153,7 @@ class InstallPlan:
                     self._keep_fingerprint(cache)
                     return InstallResult(self.cache_dir, self.digest, "already-installed",
                                          seconds=time.perf_counter() - started, warnings=warnings,
-                                         signature=self.signature)
+                                         signature=self.signature, choices=self.choices_state)
                 written, present = _install_locked(self, cache)
                 if self.manifest.flashinfer:
                     write_site(self.cache_dir)  # FlashInfer's provider registration, while the dir is writable
@@ -148,7 +161,7 @@ class InstallPlan:
             raise StorageError(f"cannot install into {self.cache_dir}: {exc.strerror or exc}") from None
         self._keep_fingerprint(cache)  # only once installed: a bundle refused while extracting leaves nothing
         return InstallResult(self.cache_dir, self.digest, "installed", written, present,
-                             time.perf_counter() - started, warnings, self.signature)
+                             time.perf_counter() - started, warnings, self.signature, self.choices_state)
 
     def _keep_fingerprint(self, cache: CacheDir) -> None:
         if self.fingerprint is not None:
@@ -161,10 +174,10 @@ class InstallPlan:
         it (cachedir/checked.py). A forced install is never kept: it is checked, and said loudly, every time."""
         if self.blocking or self.checked_under is None or self.identity is None:
             return
-        files = [f.path for f in self.manifest.files()]
+        files = [f.path for f in self.manifest.files(self.choices)]
         signed = (self.signature_identity, self.signature.to_dict() if self.signature is not None else None)
         remember_checked(CacheDir(self.cache_dir), self.bundle, self.identity, self.digest, files,
-                         self.checked_under, self.gpu, self.check(), signed)
+                         self.checked_under, self.gpu, self.check(), signed, self.choices_state)
 
 
 def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,
@@ -217,10 +230,14 @@ def plan_install_manifest(path: Path, manifest: Manifest, cache_dir: Path, force
     # Versions as importlib.metadata finds them, read without importing it (envscan.distribution_version: ~15 ms).
     tvm_ffi = distribution_version("apache-tvm-ffi") if manifest.flashinfer else None
     differences = compare(manifest, here.environment, tvm_ffi=tvm_ffi) if here.environment is not None else []
+    skipped = None
     if check_gpu:
-        differences += compare_gpu(manifest.target, (probe or GpuProbe.start()).result(), manifest.device_keys)
+        gpus = (probe or GpuProbe.start()).result()
+        differences += compare_gpu(manifest.target, gpus, manifest.device_keys)
+        skipped = choices_refusal(manifest.tuning, gpus)
     return InstallPlan(path, manifest, digest or archive.bundle_digest(manifest), cache_dir, tuple(differences),
-                       force, lim, here.record, here.triton_key, here.key.digest if here.key else None)
+                       force, lim, here.record, here.triton_key, here.key.digest if here.key else None,
+                       choices_skipped=skipped)
 
 
 @dataclass(frozen=True)
@@ -275,13 +292,17 @@ def install_if_present(digest: str, cache_dir: str | os.PathLike | None = None, 
     if receipt is None:
         return None
     manifest = receipt.manifest
-    if archive.bundle_digest(manifest) != digest or not cache.installed_complete(digest, manifest):
+    if archive.bundle_digest(manifest) != digest or not cache.installed_complete(digest, manifest,
+                                                                                 receipt.choices):
         return None
     root = cache.root
     if accept is not None:
         accept(manifest)
     plan = plan_install_manifest(Path(source or digest), manifest, root, force, check_gpu)
-    return replace(plan, signature=signature).execute()
+    plan = replace(plan, signature=signature)
+    if not plan.already_installed:  # its autotune choices were left out, and this GPU takes them: install it
+        return None
+    return plan.execute()
 
 
 def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,
@@ -316,7 +337,7 @@ def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = Non
         found = find_checked(bundle, cache_dir, check_gpu, signature_policy)
         if found is not None:
             return InstallResult(Path(found.cache_dir), found.digest, "already-installed", warnings=found.warnings,
-                                 signature=SignatureInfo.from_dict(found.signature))
+                                 signature=SignatureInfo.from_dict(found.signature), choices=found.choices)
     with local_bundle(source, arch=arch, gpu=gpu) as path:
         # An oci:// download's bytes are the ones its checked signature names (the pinned manifest's layer digest).
         plan = plan_install(path, cache_dir, force, check_gpu, limits, signature_policy, signature)
@@ -330,7 +351,8 @@ def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = Non
 
 
 def check_entries(manifest: Manifest) -> None:
-    """Every kernel and module lives in its own Triton key dir; a kernel has its metadata and group."""
+    """Every kernel and module lives in its own Triton key dir; a kernel has its metadata and group; an autotune
+    choice is one ``<key>/<kernel>.autotune.json`` in a key dir of its own."""
     for item in (*manifest.kernels, *manifest.modules):
         kind = "kernel" if isinstance(item, Kernel) else "module"
         if not KEY_PATTERN.fullmatch(item.key):
@@ -343,14 +365,28 @@ def check_entries(manifest: Manifest) -> None:
             needed = {f"{item.key}/{item.name}.json", f"{item.key}/__grp__{item.name}.json"}
             if not needed <= names:
                 raise EntryError(f"kernel {item.name} ({item.key}) lacks {sorted(needed - names)[0]!r}")
+    if manifest.tuning is not None:
+        check_choices(manifest)
+
+
+def check_choices(manifest: Manifest) -> None:
+    """Each autotune file alone in a Triton key dir that no kernel, module or other choice uses."""
+    taken = {os.path.dirname(f.path) for f in manifest.files(choices=False)}
+    for record in manifest.tuning.files:
+        key, _, name = record.path.partition("/")
+        if not KEY_PATTERN.fullmatch(key) or "/" in name or not name.endswith(AUTOTUNE_SUFFIX):
+            raise EntryError(f"autotune choice {record.path!r} is not <key>/<kernel>{AUTOTUNE_SUFFIX}")
+        if key in taken:
+            raise EntryError(f"autotune choice {record.path!r} shares its key dir with another entry")
+        taken.add(key)
 
 
 # -- staging and publishing (the cache dir's own state: cachedir/) --------------------------------
 
 
-def entry_dirs(manifest: Manifest) -> list[str]:
-    """The directories a bundle publishes, relative to the cache root (one per kernel or module)."""
-    return sorted({os.path.dirname(f.path) for f in manifest.files()})
+def entry_dirs(manifest: Manifest, choices: bool = True) -> list[str]:
+    """The directories a bundle publishes, relative to the cache root (one per kernel, module or choice)."""
+    return sorted({os.path.dirname(f.path) for f in manifest.files(choices)})
 
 
 def _install_locked(plan: InstallPlan, cache: CacheDir) -> tuple[int, int]:
@@ -361,9 +397,10 @@ def _install_locked(plan: InstallPlan, cache: CacheDir) -> tuple[int, int]:
                                     rewrite=relocated_groups(plan.manifest, plan.cache_dir))
         if extracted != plan.manifest:  # what was planned (and its signature checked) is what gets published
             raise IntegrityError(f"{plan.bundle.name} changed while it was installed: it holds another bundle now")
-        entries = entry_dirs(plan.manifest)
+        entries = entry_dirs(plan.manifest, plan.choices)
         receipt = Receipt(plan.digest, plan.manifest, tuple(entries), str(plan.bundle), str(plan.cache_dir),
-                          time.time(), os.getpid(), plan.signature)
+                          time.time(), os.getpid(), plan.signature,
+                          plan.choices_skipped if plan.choices_state == "skipped" else "")
         pending = cache.receipt_path(plan.digest).with_name(f".{plan.digest}.json.pending")
         atomic_write(pending, receipt.to_json().encode())
         try:

@@ -92,6 +92,8 @@ def case_setup(name: str, bundle: Path, tmp: Path) -> tuple[list[str], dict[str,
         "rm from a cache dir with a corrupt receipt": (["rm", "small-sm_90", "--cache-dir", "BROKEN"], {}),
         "ls a cache dir that does not exist": (["ls", "--cache-dir", str(tmp / "nowhere")], {}),
         "prune a dir that is not a cache dir": (["prune", "--cache-dir", str(tmp)], {}),
+        "tune a bundle into itself": (["tune", str(bundle), "-o", str(bundle)], {}),
+        "tune in a cache dir that holds files": (["tune", str(bundle), "--cache-dir", str(tmp)], {}),
     }
     return cases[name]
 
@@ -130,6 +132,8 @@ EXPECTED = {
     "rm from a cache dir with a corrupt receipt": (NOT_A_CACHE, "is unreadable"),
     "ls a cache dir that does not exist": (NOT_A_CACHE, "does not exist"),
     "prune a dir that is not a cache dir": (NOT_A_CACHE, "is not a kernelcache cache dir"),
+    "tune a bundle into itself": (USAGE, "is the bundle being tuned"),
+    "tune in a cache dir that holds files": (USAGE, "must be absent or empty"),
 }
 
 

@@ -43,6 +43,7 @@ LAYERS = (
     ("runtime", ("kernelcache.runtime",)),
     ("manage", ("kernelcache.manage",)),  # ls / rm / prune: what install put in a cache dir, and what serves it
     ("verify", ("kernelcache.verify",)),
+    ("tune", ("kernelcache.tune",)),  # times a bundle's autotuned kernels: install, exercise and verify's plan
     ("cli", ("kernelcache.cli", "kernelcache.entry", "kernelcache.__main__")),
 )
 # Shared by every layer: the errors, the package (its __version__), and the bundle format's vocabulary --
@@ -55,7 +56,7 @@ BASE = ("kernelcache", "kernelcache.errors", "kernelcache.bundle.manifest", "ker
 # fingerprint key names: standard library only (test_the_shared_site_module_needs_only_the_standard_library),
 # so any layer may import it. (The import graph names it by its folder when imported as `from .site import`.)
 SHARED_SITE = ("kernelcache.runtime.site", "kernelcache.runtime.site.kernelcache_tritonkey",
-               "kernelcache.runtime.site.kernelcache_prebuilt")
+               "kernelcache.runtime.site.kernelcache_prebuilt", "kernelcache.runtime.site.kernelcache_autotune")
 
 
 def module_name(path: Path) -> str:
@@ -111,11 +112,12 @@ def test_nothing_is_imported_upward():
     assert not upward, "\n".join(upward)
 
 
-@pytest.mark.parametrize("module", ["kernelcache_tritonkey", "kernelcache_outputs", "kernelcache_prebuilt"])
+@pytest.mark.parametrize("module", ["kernelcache_tritonkey", "kernelcache_outputs", "kernelcache_prebuilt",
+                                    "kernelcache_autotune"])
 def test_the_shared_site_modules_need_only_the_standard_library(module):
     """They run in every served process, from the site dir alone: the standard library and each other."""
     site = ROOT / "kernelcache" / "runtime" / "site"
-    siblings = {"kernelcache_tritonkey", "kernelcache_outputs", "kernelcache_prebuilt"}
+    siblings = {"kernelcache_tritonkey", "kernelcache_outputs", "kernelcache_prebuilt", "kernelcache_autotune"}
     found = set()
     for node in ast.walk(ast.parse((site / f"{module}.py").read_text())):
         if isinstance(node, ast.Import):
@@ -125,7 +127,7 @@ def test_the_shared_site_modules_need_only_the_standard_library(module):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             found |= {(node.module or "").split(".")[0]}
-    assert "os" in found  # the walk saw its imports
+    assert found - {"__future__"}  # the walk saw its imports
     assert found <= set(sys.stdlib_module_names) | {"__future__"} | siblings, found
 
 

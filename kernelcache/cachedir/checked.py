@@ -11,8 +11,8 @@ real path>.json`` with what that decision rested on:
 * the digest of the ``EnvironmentKey`` the fingerprint was checked under (bundle/envkey.py: the interpreter,
   Triton's files, ptxas, the key variables, the packages' metadata, all by stat);
 * the GPU witness it was checked with (bundle/envscan.py ``gpu_witness``), or none when no GPU check ran;
-* the warnings it gave (differences that do not block, such as another torch): a no-op answered from the
-  record says them again;
+* the warnings it gave (differences that do not block, such as another torch, or autotune choices it left out)
+  and whether it installed the bundle's autotune choices: a no-op answered from the record says them again;
 * the signature file beside the bundle (``B.tar.zst.sig``) by the same identity as the bundle's (or that there was
   none), what its check found (bundle/signature.py ``SignatureInfo``) and the fingerprints of the trusted keys it
   was checked with. A no-op answers only when the same keys are given now (read as fingerprints, with the
@@ -67,12 +67,12 @@ def _record_path(root: str, bundle: str) -> str:
 
 
 # A no-op install the record vouches for (a namedtuple: typing's NamedTuple would cost the import of typing).
-Checked = namedtuple("Checked", ["cache_dir", "digest", "warnings", "signature"])
+Checked = namedtuple("Checked", ["cache_dir", "digest", "warnings", "signature", "choices"])
 
 
 def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[int], digest: str,
                      files: list[str], environment_key_digest: str, gpu: str | None, warnings: list[str],
-                     signed: tuple[list[int] | None, dict | None] = (None, None)) -> None:
+                     signed: tuple[list[int] | None, dict | None] = (None, None), choices: str = "") -> None:
     """Keep what an accepted install was checked against (``identity``: the bundle file's, taken before it was
     read; ``signed``: its signature file's identity, taken before it was read, and what its check found). A cache
     dir that cannot take it only loses the speed-up."""
@@ -83,7 +83,7 @@ def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[
     record = {"format": FORMAT, "kernelcache": __version__, "bundle": os.path.realpath(bundle),
               "identity": identity, "digest": digest, "environment_key": environment_key_digest, "gpu": gpu,
               "warnings": list(warnings), "files": sorted(files), "signature_file": signed[0],
-              "signature": signed[1]}
+              "signature": signed[1], "choices": choices}
     import contextlib
     from pathlib import Path
 
@@ -115,7 +115,8 @@ def find_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None,
         os.utime(_record_path(root, os.fspath(bundle)))  # used now: prune keeps what is used
     except OSError:
         pass
-    return Checked(root, record["digest"], tuple(record["warnings"]), record["signature"])
+    return Checked(root, record["digest"], tuple(record["warnings"]), record["signature"],
+                   str(record.get("choices") or ""))
 
 
 def _holds(record: dict, root: str, bundle: str | os.PathLike, check_gpu: bool) -> bool:

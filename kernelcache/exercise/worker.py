@@ -32,6 +32,7 @@ class Job:
     env: dict = field(default_factory=dict)  # extra variables, set before import
     setup: tuple[Task, ...] = ()  # run after the driver is active, before the tasks (e.g. vLLM's platform)
     served: bool = False  # an installed cache (verify): Triton's gcc step takes its helper modules, as when served
+    tune: bool = False  # log what Triton's autotuner timed and looked up (exercise/autotune_log.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -62,6 +63,10 @@ def main(path: str) -> int:
     if job.served:
         _served_helpers(job.cache_dir)
     listener.count_builds(job.compile_log)
+    if job.tune:
+        from . import autotune_log
+
+        autotune_log.install(job.compile_log)
     _track_functions(functions)
     if job.mode == "cross":
         from . import fake_target

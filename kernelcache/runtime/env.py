@@ -6,7 +6,10 @@ in vllm/compilation/compiler_interface.py), so one set before it starts is kept.
 When the cache holds FlashInfer modules, runtime/flashinfer.py adds PYTHONPATH (its provider
 registration) and ``FLASHINFER_DISABLE_JIT=1``. When it keeps Triton's ``triton_key()`` (written by the
 install that computed it), ``KERNELCACHE_TRITON_KEYS`` and kernelcache's site dir on PYTHONPATH let
-served processes skip hashing libtriton.so (runtime/site/kernelcache_tritonkey.py).
+served processes skip hashing libtriton.so (runtime/site/kernelcache_tritonkey.py). When an installed bundle
+carries autotune choices (``kernelcache tune``), ``TRITON_CACHE_AUTOTUNING=1`` lets Triton read them instead of
+timing, and ``KERNELCACHE_AUTOTUNE_CHECK=1`` with the site dir guards that read (runtime/site/kernelcache_autotune.py);
+without choices none of these is set.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
 from . import flashinfer
 from .served import remember_served, snapshot
 from .shell import exec_command, shell_exports
-from .site import kernelcache_tritonkey
+from .site import kernelcache_autotune, kernelcache_tritonkey
 
 
 def environment(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
@@ -32,24 +35,36 @@ def environment(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
     variables = {"TRITON_CACHE_DIR": str(root)}
     variables.update(flashinfer.environment(root))
     variables.update(triton_key_environment(root, variables))
+    variables.update(autotune_environment(root, variables))
     return variables
 
 
 def triton_key_environment(root: Path, variables: dict[str, str]) -> dict[str, str]:
-    """``KERNELCACHE_TRITON_KEYS`` and the site dir on PYTHONPATH, if ``root`` keeps Triton keys.
-
-    The site dir goes after FlashInfer's provider dirs and before every other entry: its sitecustomize must
-    not be shadowed by another one (it runs the one it shadows itself)."""
+    """``KERNELCACHE_TRITON_KEYS`` and the site dir on PYTHONPATH, if ``root`` keeps Triton keys."""
     folder = CacheDir(root).triton_keys
     if not folder.is_dir():
         return {}
+    return {kernelcache_tritonkey.ENV_VAR: str(folder), "PYTHONPATH": site_path(variables)}
+
+
+def autotune_environment(root: Path, variables: dict[str, str]) -> dict[str, str]:
+    """Triton's autotune cache on, guarded (runtime/site/kernelcache_autotune.py), if a bundle installed in
+    ``root`` put autotune choices there; nothing otherwise."""
+    if not CacheDir(root).choices_installed():
+        return {}
+    return {**kernelcache_autotune.environment(), "PYTHONPATH": site_path(variables)}
+
+
+def site_path(variables: dict[str, str]) -> str:
+    """PYTHONPATH with kernelcache's site dir after FlashInfer's provider dirs and before every other entry: its
+    sitecustomize must not be shadowed by another one (it runs the one it shadows itself)."""
     from .overlay import SITE_DIR
 
     current = variables.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     entries = [p for p in current.split(os.pathsep) if p and p != str(SITE_DIR)]
     providers = [p for p in entries if flashinfer.is_site_path(p)]
     path = [*providers, str(SITE_DIR), *(p for p in entries if p not in providers)]
-    return {kernelcache_tritonkey.ENV_VAR: str(folder), "PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
+    return os.pathsep.join(dict.fromkeys(path))
 
 
 @dataclass(frozen=True)
@@ -174,6 +189,8 @@ def activate(*, bundle: str | os.PathLike | None = None, cache_dir: str | os.Pat
     _extend_sys_path(variables.get("PYTHONPATH", ""))
     if kernelcache_tritonkey.ENV_VAR in variables:  # sitecustomize runs in children only
         kernelcache_tritonkey.seed_on_import(variables[kernelcache_tritonkey.ENV_VAR])
+    if kernelcache_autotune.ENV_VAR in variables:
+        kernelcache_autotune.guard_on_import()
     return variables
 
 

@@ -10,9 +10,14 @@
   ``ldconfig -p`` runs return what the install recorded while the files behind them hold (``kernelcache_outputs``).
 * Compile log (``KERNELCACHE_COMPILE_LOG`` set, as ``capture`` does): once ``triton`` is imported,
   every compile() (hit or miss) and every gcc build of a Triton helper module is appended to the log.
+* Autotune choices (``KERNELCACHE_AUTOTUNE_CHECK=1``, as ``env`` / ``run`` set it beside
+  ``TRITON_CACHE_AUTOTUNING=1`` where an installed bundle carries choices): once Triton's autotuner is imported,
+  an autotune file it could not use is timed again instead of failing the launch (``kernelcache_autotune``).
 
 Nothing here imports Triton early; processes that never import it are untouched. Any
-``sitecustomize`` this one shadows on ``sys.path`` still runs, first.
+``sitecustomize`` this one shadows on ``sys.path`` still runs, first; one that chains to the next
+``sitecustomize`` on the path in turn (and so back to this one) finds this one already running, and
+everything here happens once.
 """
 
 from __future__ import annotations
@@ -64,12 +69,31 @@ def _record_compiles(triton) -> None:
     listener.count_builds()
 
 
-try:
-    _run_shadowed_sitecustomize()
-finally:
+_RUNNING = "_kernelcache_sitecustomize"  # set on sys while this runs: a copy of this file loaded again does nothing
+
+
+def _once() -> bool:
+    if getattr(sys, _RUNNING, False):
+        return False
+    setattr(sys, _RUNNING, True)
+    return True
+
+
+def _hooks() -> None:
     if os.environ.get("KERNELCACHE_MISS_LOG") and "kernelcache_overlay" in os.environ.get("TRITON_CACHE_MANAGER", ""):
         sys.meta_path.insert(0, AfterImport("triton.knobs", _attach))
     if os.environ.get("KERNELCACHE_TRITON_KEYS"):
         seed_on_import(os.environ["KERNELCACHE_TRITON_KEYS"])
     if os.environ.get("KERNELCACHE_COMPILE_LOG"):
         sys.meta_path.insert(0, AfterImport("triton", _record_compiles))
+    if os.environ.get("KERNELCACHE_AUTOTUNE_CHECK") == "1":
+        import kernelcache_autotune
+
+        kernelcache_autotune.guard_on_import()
+
+
+if _once():
+    try:
+        _run_shadowed_sitecustomize()
+    finally:
+        _hooks()
