@@ -46,6 +46,7 @@ install_at() {  # install_at NAME BUNDLE: a new cache dir per run, so no run see
   echo "install $1 rc=$?"
 }
 check cold "$T/cold"
+mkdir -p "$T/cold2"; check cold2 "$T/cold2"  # a second cold process: how much the autotuner's own choice varies
 install_at bundle "$bundle"; check bundle "$T/bundle/cache"
 check bundle-warm "$T/bundle/cache"  # a second process on the same dir: Triton's own kept choices, if any
 install_at bundle-served "$bundle"; check bundle-served "$T/bundle-served/cache" served
@@ -53,11 +54,17 @@ install_at tuned "$T/tuned.tar.zst"; check tuned "$T/tuned/cache"
 install_at tuned-served "$T/tuned.tar.zst"; check tuned-served "$T/tuned-served/cache" served
 python3 -m kernelcache ls --cache-dir "$T/tuned-served/cache" --json > "$OUT/ls-tuned.json" 2>&1
 python3 -m kernelcache env --cache-dir "$T/tuned-served/cache" --json > "$OUT/env-tuned.json" 2>&1
-for name in bundle bundle-warm bundle-served tuned tuned-served; do
+for name in cold2 bundle bundle-warm bundle-served tuned tuned-served; do
   python3 scripts/gpu/mamba_check.py compare "$T/outputs-cold.pt" "$T/outputs-$name.pt" > "$OUT/compare-$name.json" \
     2> "$OUT/compare-$name.err"
 done
+# the same kept choices in a plain and a served process: identical outputs expected
+python3 scripts/gpu/mamba_check.py compare "$T/outputs-tuned.pt" "$T/outputs-tuned-served.pt" \
+  > "$OUT/compare-tuned-vs-served.json" 2> "$OUT/compare-tuned-vs-served.err"
 python3 scripts/gpu/summarise_tune.py "$OUT" "$gpu" > "$OUT/tune_proof.json"
 tar -C "$T" -czf "$OUT/logs.tgz" home $(cd "$T" && find tmp -name worker.log -o -name '*.result') 2>/dev/null
 head -c 9000 "$OUT/tune_proof.json"
 tail -c 1500 "$OUT/mamba-tuned-served.log"
+# What comes back from a device call is at most 8 files: the summary, and everything else in one archive.
+(cd "$OUT" && tar -czf "$T/all.tgz" --exclude=tune_proof.json . && find . -mindepth 1 ! -name tune_proof.json -delete \
+  && mv "$T/all.tgz" .)

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-RUNS = ("cold", "bundle", "bundle-warm", "bundle-served", "tuned", "tuned-served")
+RUNS = ("cold", "cold2", "bundle", "bundle-warm", "bundle-served", "tuned", "tuned-served")
 PICK = ("first_call_s", "total_s", "compiles", "hits", "gcc_builds", "benchmarks", "autotune_hits", "autotune_misses",
         "autotune_cache", "autotune_guard", "error")
 TARGET_S = 0.5  # issue 28: the tuned bundle's first call, with 0 benchmark runs
@@ -35,7 +35,7 @@ def tune_row(folder: Path) -> dict:
 
 def run_row(folder: Path, name: str, run: dict) -> dict:
     row = {k: run.get(k) for k in PICK if k in run}
-    if name not in ("cold", "bundle-warm"):
+    if name not in ("cold", "cold2", "bundle-warm"):
         row["install"] = {k: v for k, v in read(folder, f"install-{name}.json").items()
                           if k in ("action", "choices", "error")}
     if name != "cold":
@@ -58,7 +58,9 @@ def summarise(folder: Path, gpu: str) -> dict:
                "tune": tune_row(folder), "tune_stderr": err.read_text()[-1500:] if err.exists() else None}
     summary.update({name: run_row(folder, name, results[name]) for name in RUNS})
     summary["per_step"] = per_step(results)
-    summary["chosen"] = {n: results[n].get("autotune") for n in ("cold", "tuned-served")}
+    summary["chosen"] = {n: results[n].get("autotune") for n in ("cold", "cold2", "tuned-served")}
+    summary["tuned_vs_served_outputs"] = {k: v for k, v in read(folder, "compare-tuned-vs-served.json").items()
+                                          if k != "per_step"}
     summary["ls_tuned"] = [{k: b.get(k) for k in ("name", "tuned_on", "choices", "choices_skipped")}
                            for b in read(folder, "ls-tuned.json").get("bundles", [])]
     served = results["tuned-served"]
