@@ -11,6 +11,9 @@
 * Compile log (``KERNELCACHE_COMPILE_LOG`` set, as ``capture`` does): once ``triton`` is imported,
   every compile() (hit or miss) and every gcc build of a Triton helper module is appended to the log.
 
+* Debug log (``KERNELCACHE_DEBUG`` set): one line on stderr for the hooks this process got, then one per kept
+  record used or refused, with the reason (kernelcache_tritonkey.say).
+
 Nothing here imports Triton early; processes that never import it are untouched. Any
 ``sitecustomize`` this one shadows on ``sys.path`` still runs, first.
 """
@@ -22,7 +25,7 @@ import importlib.util
 import os
 import sys
 
-from kernelcache_tritonkey import AfterImport, seed_on_import  # this directory: standard library only
+from kernelcache_tritonkey import AfterImport, debugging, say, seed_on_import  # this directory: standard library only
 
 KERNELCACHE_OVERLAY_LISTENER = False  # True once Triton's listener points here (kernelcache_overlay checks)
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,6 +67,13 @@ def _record_compiles(triton) -> None:
     listener.count_builds()
 
 
+def _say_hooks() -> None:
+    """Under KERNELCACHE_DEBUG: which hooks this process got, and the Triton cache it is pointed at."""
+    keys = os.environ.get("KERNELCACHE_TRITON_KEYS")
+    say("served process", f"TRITON_CACHE_DIR={os.environ.get('TRITON_CACHE_DIR', '(unset)')}",
+        f"kept records from {keys}" if keys else "KERNELCACHE_TRITON_KEYS unset: no kept record is used")
+
+
 try:
     _run_shadowed_sitecustomize()
 finally:
@@ -73,3 +83,5 @@ finally:
         seed_on_import(os.environ["KERNELCACHE_TRITON_KEYS"])
     if os.environ.get("KERNELCACHE_COMPILE_LOG"):
         sys.meta_path.insert(0, AfterImport("triton", _record_compiles))
+    if debugging():
+        _say_hooks()
