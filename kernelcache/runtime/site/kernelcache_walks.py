@@ -280,7 +280,7 @@ class Walks:
         """What the walk of ``fn`` read (its source's sha256, digest, own globals and callees as the walk saw
         them), if all of it can be told again and still holds; else None."""
         model = self.model
-        if getattr(fn.fn, "__closure__", None) or fn.hash.startswith("recursion:"):
+        if getattr(fn.fn, "__closure__", None) or not isinstance(fn.hash, str) or fn.hash.startswith("recursion:"):
             return None
         if hashlib.sha256(fn.src.encode("utf-8")).hexdigest() != source:
             return None
@@ -305,6 +305,12 @@ class Walks:
 
     def keep(self) -> None:
         """Add this process's walks to the record (one rename), at exit; a read-only folder keeps nothing."""
+        try:
+            self._keep()
+        except Exception as exc:  # noqa: BLE001 -- at exit: nothing kept is all it may cost
+            _say("kept walks", "not written", f"{type(exc).__name__}: {exc}")
+
+    def _keep(self) -> None:
         new = {seen[0]._fn_name: entry for seen in self.walked if (entry := self.entry(*seen)) is not None}
         self.walked = []
         key = _triton_key()
