@@ -137,12 +137,19 @@ def test_a_changed_global_callee_or_source_is_walked_as_triton_walks_it(served_c
     assert found[prefix + "plain_kernel"] == "replayed"
 
 
-def test_a_record_of_another_triton_or_the_switch_off_walks(served_cache):
+@pytest.mark.parametrize("change", ["another Triton", "malformed entries", "switched off"])
+def test_a_record_of_another_triton_a_malformed_one_or_the_switch_off_walks(served_cache, change):
     served(served_cache, ORDER)
     record = walks_record(served_cache)
     data = json.loads(record.read_text())
-    assert served(served_cache, ORDER, **{kw.OFF_ENV: "0"})[1] == []  # no hook at all
-    record.write_text(json.dumps({**data, "triton_key": "another Triton"}))
+    if change == "switched off":
+        assert served(served_cache, ORDER, **{kw.OFF_ENV: "0"})[1] == []  # no hook at all
+        return
+    if change == "another Triton":
+        data["triton_key"] = "another Triton"
+    else:
+        data["functions"] = {name: {"src": entry["src"], "chains": 5} for name, entry in data["functions"].items()}
+    record.write_text(json.dumps(data))
     result, lines = served(served_cache, ORDER)
     assert result == plain(ORDER) and set(outcomes(lines).values()) == {"walked"}
 

@@ -713,7 +713,7 @@ def summarise(rows: list[dict]) -> dict:
                       "second_call_ms": round(statistics.median(r["second_call"] for r in group) * 1000, 2),
                       "compiles": sorted({r["compiles"] for r in group}),
                       "builds": sorted({b for r in group for b in r["builds"]}),
-                      "kept_key_used": sorted({not r["read_libtriton"] for r in group}),
+                      "triton_key_ms": [round(_seconds(r, "triton_key") * 1000, 1) for r in group],
                       "walks": sorted({json.dumps(r["walks"]) for r in group if r.get("walks")}),
                       "phases_ms": _median_phases(group)})
     return {"table": table, "ratios": ratios(timed), "failed": [
@@ -721,11 +721,15 @@ def summarise(rows: list[dict]) -> dict:
         for r in rows if "error" in r]}
 
 
+def _seconds(row: dict, phase: str) -> float:
+    return row.get("first_call_phases", {}).get(phase, {}).get("seconds", 0.0)
+
+
 def _median_phases(group: list[dict]) -> dict:
     names = {name for r in group for name in r.get("first_call_phases", {}) if isinstance(r, dict)}
     found = {}
     for name in sorted(names):
-        values = [r["first_call_phases"].get(name, {}).get("seconds", 0.0) for r in group]
+        values = [_seconds(r, name) for r in group]
         found[name] = round(statistics.median(values) * 1000, 2)
     found["gc"] = round(statistics.median(r.get("gc_seconds", 0.0) for r in group) * 1000, 2)
     return found
@@ -745,7 +749,7 @@ def ratios(rows: list[dict]) -> list[dict]:
 
 def markdown(summary: dict) -> str:
     lines = ["| phase | path | mode | first calls, ms (round order) | median [min-max] | vs warm, per round | "
-             "second call | compiles | kept key used | walks |", "|" + " --- |" * 10]
+             "second call | compiles | triton_key() in the call, ms | walks |", "|" + " --- |" * 10]
     by = {(r["phase"], r["path"], r["mode"]): r for r in summary["ratios"]}
     for row in summary["table"]:
         ratio = by.get((row["phase"], row["path"], row["mode"]))
@@ -753,7 +757,7 @@ def markdown(summary: dict) -> str:
         lines.append(f"| {row['phase']} | {row['path']} | {row['mode']} | {calls} | "
                      f"{row['median_ms']} [{row['min_ms']}-{row['max_ms']}] | "
                      f"{', '.join(f'{v:.2f}×' for v in ratio['per_round']) if ratio else ''} | "
-                     f"{row['second_call_ms']} ms | {row['compiles']} | {row['kept_key_used']} | "
+                     f"{row['second_call_ms']} ms | {row['compiles']} | {', '.join(map(str, row['triton_key_ms']))} | "
                      f"{'; '.join(row['walks'])} |")
     lines += ["", "Median time inside the first call, ms, by phase (inclusive; nested: compile > get_cache_key > "
               "triton_key, cache_key; init_handles > launcher_init, module_load):", ""]

@@ -167,6 +167,7 @@ class Walks:
         self.original = jit_module.JITCallable.__dict__["cache_key"].fget
         self.finder_type = jit_module.DependenciesFinder  # Triton's own, before ``finder_class`` replaces it
         self.model: Model | None = None  # at the first lookup: Triton is imported by then
+        self.broken = False  # the first lookup could not set up the replay: Triton walks every function
         self.path = ""
         self.kept: dict | None = None  # fn name -> record entry, read at the first lookup
         self.walked: list = []  # what each walk here saw, kept at exit: off the first call's clock
@@ -176,13 +177,23 @@ class Walks:
         with fn._hash_lock:
             if fn.hash is not None:
                 return fn.hash
-            if self.model is None:
-                self.model = Model(self.jit.JITCallable, self.finder_type)
-                self.path = record_path(self.folder, _base().triton_root(sys.modules["triton.runtime.cache"]))
+            if self.model is None and (self.broken or not self.ready()):
+                return self.original(fn)
             if self.replay(fn):
                 self._computed(fn)
                 return fn.hash
             return self.walk(fn)
+
+    def ready(self) -> bool:
+        """Triton's types and the record's path, at the first lookup; False (walk, keep nothing) if they fail."""
+        try:
+            self.path = record_path(self.folder, _base().triton_root(sys.modules["triton.runtime.cache"]))
+            self.model = Model(self.jit.JITCallable, self.finder_type)
+        except Exception as exc:  # noqa: BLE001 -- the hook must never cost a lookup more than Triton's own walk
+            self.model, self.broken = None, True
+            _say("every function", "walked", f"{type(exc).__name__}: {exc}")
+            return False
+        return True
 
     def walk(self, fn) -> str:
         """Triton's own walk of ``fn``, kept (with those of the callees it walked) once the outermost one ends."""
