@@ -793,7 +793,7 @@ def main() -> int:
     parser.add_argument("--no-eager", action="store_true", help="no closing served-eager batch")
     parser.add_argument("--busy-start", type=float, default=10.0, help="seconds of matmuls before a busy batch")
     parser.add_argument("--busy-each", type=float, default=1.5, help="seconds of matmuls before each busy call")
-    parser.add_argument("--budget", type=float, default=470.0,
+    parser.add_argument("--budget", type=float, default=450.0,
                         help="seconds from the start after which no process is started or released")
     args = parser.parse_args()
     global FAKE
