@@ -113,11 +113,12 @@ def test_nothing_is_imported_upward():
 
 
 @pytest.mark.parametrize("module", ["kernelcache_tritonkey", "kernelcache_outputs", "kernelcache_prebuilt",
-                                    "kernelcache_autotune"])
+                                    "kernelcache_autotune", "kernelcache_walks"])
 def test_the_shared_site_modules_need_only_the_standard_library(module):
     """They run in every served process, from the site dir alone: the standard library and each other."""
     site = ROOT / "kernelcache" / "runtime" / "site"
-    siblings = {"kernelcache_tritonkey", "kernelcache_outputs", "kernelcache_prebuilt", "kernelcache_autotune"}
+    siblings = {"kernelcache_tritonkey", "kernelcache_outputs", "kernelcache_prebuilt", "kernelcache_autotune",
+                "kernelcache_walks"}
     found = set()
     for node in ast.walk(ast.parse((site / f"{module}.py").read_text())):
         if isinstance(node, ast.Import):
