@@ -46,6 +46,8 @@ def triton_key_environment(root: Path, variables: dict[str, str]) -> dict[str, s
         kernelcache_tritonkey.say("kept Triton records", "none", f"no {folder}: served processes compute "
                                   "triton_key() and run Triton's tool queries themselves")
         return {}
+    kernelcache_tritonkey.say("kept Triton records", str(folder), "KERNELCACHE_TRITON_KEYS set, kernelcache's site "
+                              "dir on PYTHONPATH")
     return {kernelcache_tritonkey.ENV_VAR: str(folder), "PYTHONPATH": site_path(variables)}
 
 
@@ -62,8 +64,6 @@ def site_path(variables: dict[str, str]) -> str:
     sitecustomize must not be shadowed by another one (it runs the one it shadows itself)."""
     from .overlay import SITE_DIR
 
-    kernelcache_tritonkey.say("kept Triton records", str(folder), "KERNELCACHE_TRITON_KEYS set, kernelcache's site "
-                              "dir on PYTHONPATH")
     current = variables.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     entries = [p for p in current.split(os.pathsep) if p and p != str(SITE_DIR)]
     providers = [p for p in entries if flashinfer.is_site_path(p)]

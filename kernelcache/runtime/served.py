@@ -192,30 +192,3 @@ def record_holds(path: str) -> bool:
     inputs = record.get("inputs") if record is not None else None
     return (isinstance(inputs, dict) and inputs.get("format") == FORMAT and inputs.get("kernelcache") == __version__
             and _stamps_hold(record.get("stamps")))
-=======
-        return None, f"no readable record for these inputs: {path}"
-    if not isinstance(record, dict) or record.get("inputs") != inputs:
-        return None, f"{path} was kept for other inputs"
-    if not _usable(root):
-        return None, f"{root} is not writable or an install there is unfinished"
-    variables, stamps = record.get("variables"), record.get("stamps")
-    if not isinstance(variables, dict) or not isinstance(stamps, list) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in variables.items()):
-        return None, f"{path} is malformed"
-    for stamp in stamps:
-        if not (isinstance(stamp, list) and len(stamp) == 2 and isinstance(stamp[0], str)):
-            return None, f"{path} is malformed"
-        if _stamp(stamp[0]) != stamp[1]:
-            return None, f"{stamp[0]} changed since the record"
-    if record.get("workspace") != workspace_base(root, dict(os.environ)):
-        return None, "FlashInfer's workspace choice changed"
-    return variables, f"every stamp in {path} holds"
-
-
-def _say(subject: str, outcome: str, why: str) -> None:
-    """The debug log's line (runtime/site/kernelcache_tritonkey.say), importing nothing when it is off."""
-    if os.environ.get("KERNELCACHE_DEBUG", "") not in ("", "0"):
-        from .site.kernelcache_tritonkey import say
-
-        say(subject, outcome, why)
->>>>>>> issue-32
