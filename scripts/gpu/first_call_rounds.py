@@ -355,6 +355,11 @@ def child(path: str, profile: bool, wait: bool) -> dict:
         step = scenario(path, phases, marks)
         sync()
         setup = time.perf_counter() - started
+        if os.environ.get("KC_GC_FREEZE") == "1":  # as vLLM's EngineCore does once started (freeze_gc_heap)
+            import gc
+
+            gc.collect()
+            gc.freeze()
         if wait:
             print("READY", flush=True)
             if sys.stdin.readline().strip() != "GO":
