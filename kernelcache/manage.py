@@ -345,7 +345,8 @@ def _explained(removed: Iterable[Removed], differences: dict[str, tuple[str, ...
 
 def _stale_records(cache: CacheDir, max_age_days: float) -> list[str]:
     """Served and checked records (relative to the state dir) that can never answer again or went unused for
-    ``max_age_days`` (each use sets a record's mtime). The newest served record stays whatever it holds: its
+    ``max_age_days`` (a served record's mtime is its last use; a checked record's, the check that wrote it: a no-op
+    install writes nothing). The newest served record stays whatever it holds: its
     mtime is when the cache dir was last served (``ls``)."""
     oldest = time.time() - max_age_days * _DAY
     stale = []

@@ -111,10 +111,7 @@ def find_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None,
     if not isinstance(record, dict) or not _holds(record, root, bundle, check_gpu) \
             or not _signature_holds(record, bundle, policy):
         return None
-    try:  # noqa: SIM105 -- contextlib is one more import on every pod start
-        os.utime(_record_path(root, os.fspath(bundle)))  # used now: prune keeps what is used
-    except OSError:
-        pass
+    # Nothing is written here: a no-op install leaves the cache dir as it was (prune ages a record from its check).
     return Checked(root, record["digest"], tuple(record["warnings"]), record["signature"],
                    str(record.get("choices") or ""))
 
