@@ -71,7 +71,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import vllm_mamba
-from .vllm_mamba import AutotuneCandidates, real_host, tensor_parallel
+from .vllm_mamba import AutotuneCandidates, python_bodies, random_hidden, real_host, tensor_parallel
 from .vllm_sampler import _device_scope, _require_triton, cross
 
 LAYER_NAME = "model.layers.0.linear_attn"
@@ -85,6 +85,9 @@ FLA = "vllm.third_party.flash_linear_attention.ops"
 FLA_MODULES = ("cumsum", "chunk_scaled_dot_kkt", "solve_tril", "wy_fast", "chunk_delta_h", "chunk_o", "l2norm")
 CHUNK = 64  # FLA_CHUNK_SIZE (ops/utils.py): every chunk kernel's BT
 CONTEXT = 37  # tokens already in a request's state before a decode or a continued prefill
+GDN_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
+# Modules that read the TP world size and rank: the linear layers and the GDN base class (GatedDeltaNetAttention).
+TP_USERS = (*vllm_mamba._TP_USERS, "vllm.model_executor.layers.mamba.gdn.base")
 CORE_OPS = ("qwen_gdn_attention_core", "qwen_gdn_attention_core_fused_norm_packed")
 
 
@@ -136,7 +139,7 @@ def gdn(*, hidden_size: int, linear_num_key_heads: int, linear_num_value_heads: 
     substitutions = prepare()
     _require_triton()
     tuner = FlaAutotuneCandidates() if cross() else None
-    with tensor_parallel(dims.tp), _device_scope(), real_host(), device_zero(), \
+    with tensor_parallel(dims.tp, TP_USERS), _device_scope(), real_host(), device_zero(), \
             (tuner or contextlib.nullcontext()):
         layer = make_layer(dims, max_num_seqs, max_num_batched_tokens)
         calls: Counter = Counter()
@@ -246,7 +249,7 @@ def import_fla() -> dict:
         utils = importlib.import_module(f"{FLA}.utils")
         for name in FLA_MODULES:
             importlib.import_module(f"{FLA}.{name}")
-        importlib.import_module("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn")
+        importlib.import_module(GDN_MODULE)
     return {"is_nvidia_hopper": bool(utils.is_nvidia_hopper), "check_shared_mem": bool(utils.check_shared_mem()),
             "is_tma_supported": bool(utils.is_tma_supported), "answered": cross()}
 
@@ -517,10 +520,14 @@ def decode_rows(count: int, drafts: int, short: int = 0) -> tuple[tuple[int, int
 
 
 def decode_batches(max_num_seqs: int, max_tokens: int, drafts: int) -> list[Batch]:
+    """Decode-only batches of every size; with drafts also rows that drafted nothing (their drafter proposed none)
+    beside full ones, and batches of one-token prompt chunks alone, which are not spec-decode rows and take the
+    plain decode kernels on a state with the drafts' rows."""
     batches = [Batch(decode_rows(b, drafts)) for b in range(1, max_num_seqs + 1)]
-    if drafts:  # rows that drafted nothing (their drafter proposed none) beside full ones, and alone
+    if drafts:
         batches += [Batch(decode_rows(b, drafts, short)) for b in sorted({1, 2, 3, 16, 17, max_num_seqs})
                     for short in sorted({1, b}) if short <= b <= max_num_seqs]
+        batches += [Batch(((1, CONTEXT, -1),) * b) for b in range(1, max_num_seqs + 1)]
     return batches
 
 
@@ -610,14 +617,6 @@ def fill_block_table(layer: GdnLayer, batch: Batch) -> None:
         layer.block_table[: len(batch.requests)] = rows[:, None]
 
 
-def random_hidden(layer: GdnLayer, batch: Batch) -> Any:
-    import torch
-
-    generator = None if cross() else torch.Generator(device="cuda").manual_seed(batch.num_tokens)
-    dtype = getattr(torch, layer.dims.dtype)
-    return torch.randn((batch.num_tokens, layer.dims.hidden_size), generator=generator, device="cuda").to(dtype)
-
-
 def forward(layer: GdnLayer, batch: Batch, hidden: Any) -> Any:
     """One step: the builder's metadata, then ``QwenGatedDeltaNetAttention.forward`` under the forward context."""
     from vllm.config import set_current_vllm_config
@@ -627,31 +626,8 @@ def forward(layer: GdnLayer, batch: Batch, hidden: Any) -> Any:
     metadata = layer.builder.build(0, common_metadata(layer, batch), **draft_metadata(layer, batch))
     with set_current_vllm_config(layer.vllm_config), \
             set_forward_context({LAYER_NAME: metadata}, layer.vllm_config, num_tokens=batch.num_tokens), \
-            python_bodies(), flashinfer_prefill_shapes(layer):
+            python_bodies(GDN_MODULE, CORE_OPS), flashinfer_prefill_shapes(layer):
         return layer.attn.forward(hidden)
-
-
-@contextlib.contextmanager
-def python_bodies():
-    """Cross mode: the layer's custom ops (``CORE_OPS``) resolve to their Python bodies while inside."""
-    if not cross():
-        yield
-        return
-    import torch
-    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn
-
-    namespace = torch.ops.vllm
-    saved = {op: namespace.__dict__.get(op) for op in CORE_OPS}
-    for op in CORE_OPS:
-        setattr(namespace, op, getattr(qwen_gdn_linear_attn, op))
-    try:
-        yield
-    finally:
-        for op, value in saved.items():
-            if value is None:
-                delattr(namespace, op)
-            else:
-                setattr(namespace, op, value)
 
 
 def empty_flashinfer_prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any, output_final_state: bool,

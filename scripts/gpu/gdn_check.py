@@ -32,6 +32,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from mamba_check import compare, count_by_kernel, error  # noqa: E402 -- this folder: the Mamba-2 check's helpers
 
 QWEN3_NEXT = {"hidden_size": 2048, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
               "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
@@ -149,14 +150,6 @@ def timed_step(layer, label: str, batch, records: list[dict], outputs: dict, inp
             "benchmark_runs": sum(BENCH.values()) - benched, "by_kernel": count_by_kernel(new)}
 
 
-def count_by_kernel(records: list[dict]) -> dict:
-    counts: dict = {}
-    for r in records:
-        row = counts.setdefault(r["name"], {"compiles": 0, "hits": 0})
-        row["hits" if r["cache_hit"] else "compiles"] += 1
-    return counts
-
-
 def chosen() -> dict:
     """Per autotuned FLA kernel: its candidates, the config Triton's autotuner chose per tuning key, its benchmark
     runs and seconds in this process."""
@@ -191,11 +184,6 @@ def reference(layer, outputs: dict, inputs: dict) -> dict:
     want = torch_gdn(layer.attn, x)
     got = torch.cat([outputs["prefill"], outputs["decode-1"]]).cuda()
     return {"prefill": error(got[:FIRST], want[:FIRST]), "decode": error(got[FIRST:], want[FIRST:])}
-
-
-def error(got, want) -> dict:
-    diff = (got.float() - want.float()).abs()
-    return {"max_abs": float(diff.max()), "max_rel": float(diff.max() / want.float().abs().max().clamp_min(1e-6))}
 
 
 def torch_gdn(attn, x):
@@ -234,15 +222,6 @@ def torch_gdn(attn, x):
         o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + attn.norm.eps) * attn.norm.weight.float()
         o = o * F.silu(z.float())
         return o.reshape(x.size(0), -1) @ attn.out_proj.weight.float().T
-
-
-def compare(a: str, b: str) -> dict:
-    import torch
-
-    left, right = torch.load(a)["outputs"], torch.load(b)["outputs"]
-    per_step = {k: {"identical": bool(torch.equal(left[k], right[k])),
-                    "max_abs": float((left[k] - right[k]).abs().max())} for k in left if k in right}
-    return {"identical": bool(per_step) and all(s["identical"] for s in per_step.values()), "per_step": per_step}
 
 
 def main() -> int:

@@ -29,7 +29,6 @@ import json
 import math
 import os
 import random
-import socket
 import sys
 from types import SimpleNamespace
 from unittest import mock
@@ -45,12 +44,7 @@ os.environ["TRITON_CACHE_AUTOTUNING"] = "0"  # before vLLM's env_override sets i
 events = probe_target.start(capability, sm_count)
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 import vllm.platforms  # noqa: E402
-from torch.overrides import TorchFunctionMode  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
-from triton.runtime.autotuner import Autotuner  # noqa: E402
 from vllm.platforms.interface import DeviceCapability  # noqa: E402
 
 
@@ -76,7 +70,7 @@ vllm.platforms._current_platform = GdnProbeCuda()
 import vllm._custom_ops  # noqa: E402, F401
 
 from kernelcache.exercise import fake_ops  # noqa: E402
-from kernelcache.exercise.fake_device import FakeTensor, fake_cuda  # noqa: E402 -- torch's FakeTensor
+from kernelcache.exercise.fake_device import fake_cuda  # noqa: E402
 
 fake_ops.install()
 _lib = torch.library.Library("_C", "FRAGMENT")
@@ -96,7 +90,6 @@ with mock.patch.multiple(torch.cuda, **queries):
 
 from transformers import Qwen3NextConfig  # noqa: E402
 from vllm.config import CUDAGraphMode, VllmConfig, set_current_vllm_config  # noqa: E402
-from vllm.distributed import init_distributed_environment, initialize_model_parallel  # noqa: E402
 from vllm.forward_context import set_forward_context  # noqa: E402
 from vllm.utils.torch_utils import set_default_torch_dtype  # noqa: E402
 from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
@@ -107,33 +100,7 @@ PREFIX = "model.layers.1.linear_attn"
 dtype = getattr(torch, cfg["dtype"])
 
 
-def equal_bench(kernel_call, quantiles=None):
-    kernel_call()
-    return [0.5, 0.5, 0.5]
-
-
-triton.runtime.driver.active.get_benchmarker = lambda: equal_bench
-_run = Autotuner.run
-
-
-def run_fresh(self, *args, **kwargs):
-    self.cache.clear()
-    return _run(self, *args, **kwargs)
-
-
-Autotuner.run = run_fresh
-configs_seen = []
-_bench = Autotuner._bench
-
-
-def bench_seen(self, *args, config, **meta):
-    label = json.dumps({**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages},
-                       sort_keys=True)
-    configs_seen.append((self.base_fn.__name__, label))
-    return _bench(self, *args, config=config, **meta)
-
-
-Autotuner._bench = bench_seen
+configs_seen = probe_target.every_candidate()
 for op in ("qwen_gdn_attention_core", "qwen_gdn_attention_core_fused_norm_packed"):
     torch.library.register_fake(f"vllm::{op}", getattr(gdn_module, op), allow_override=True)
 
@@ -143,43 +110,6 @@ def flashinfer_prefill(q, k, v, g, beta, initial_state, output_final_state, cu_s
 
 
 gdn_module.fi_chunk_gated_delta_rule = flashinfer_prefill
-
-
-class HostStaysReal(TorchDispatchMode):
-    """Ops on host tensors alone run for real (the builder's CPU arithmetic); pinning is skipped."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if func is torch.ops.aten._pin_memory.default:
-            return args[0]
-        if func is torch.ops.aten.is_pinned.default:
-            return True
-        kwargs.pop("pin_memory", None)
-        leaves = tree_leaves((args, kwargs))
-        on_device = any(isinstance(x, FakeTensor) or (isinstance(x, torch.Tensor) and x.is_cuda) for x in leaves)
-        named = kwargs.get("device")
-        if not on_device and (named is None or torch.device(named).type == "cpu"):
-            with _disable_current_modes():
-                return func(*args, **kwargs)
-        return func(*args, **kwargs)
-
-
-class NoPinning(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if func is torch.Tensor.pin_memory:
-            return args[0]
-        kwargs.pop("pin_memory", None)
-        return func(*args, **kwargs)
-
-
-def one_rank():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with set_current_vllm_config(VllmConfig()):
-        init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, "gloo")
-        initialize_model_parallel(1)
 
 
 def hf_config():
@@ -275,11 +205,12 @@ def step(layer, builder, table, vc, reqs):
         layer.forward(torch.empty((tokens, cfg["hidden_size"]), dtype=dtype, device="cuda"))
 
 
-one_rank()
+probe_target.one_rank()
 hf = hf_config()
 vc = config_for(hf)
 found = []
-with fake_cuda(), HostStaysReal(), NoPinning():
+host, pins = probe_target.host_stays_real()
+with fake_cuda(), host, pins:
     layer, builder, table = build(vc, hf)
     table = table.to("cuda")
     for kind in [only] if only else ["decode", "prefill", "mixed"]:
