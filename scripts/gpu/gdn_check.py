@@ -32,7 +32,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from mamba_check import compare, count_by_kernel, error  # noqa: E402 -- this folder: the Mamba-2 check's helpers
+from mamba_check import autotune_json, compare, count_by_kernel, error  # noqa: E402 -- the Mamba-2 check's helpers
 
 QWEN3_NEXT = {"hidden_size": 2048, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
               "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
@@ -165,11 +165,6 @@ def chosen() -> dict:
                          "benchmark_s": round(BENCH_SECONDS[fn], 4),
                          "chosen": {str(key): str(config) for key, config in kernel.cache.items()}}
     return found
-
-
-def autotune_json(args) -> list[str]:
-    """The ``*.autotune.json`` files in the cache after this run (vLLM turns ``TRITON_CACHE_AUTOTUNING`` on)."""
-    return sorted(str(p.relative_to(args.cache_dir)) for p in Path(args.cache_dir).rglob("*.autotune.json"))
 
 
 # -- the reference ----------------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@
 # wrapped), timing each step; outputs are compared with the cold run's and checked against a torch fp32 reference.
 # Tuned: when this kernelcache has a `tune` command, `kernelcache tune BUNDLE -o DIR/tuned.tar.zst` runs here on this
 # GPU, the result is installed at a third path and run the same way; TUNED=path/to/tuned.tar.zst skips the tune and
-# uses that file. Without either, the tuned state is recorded as skipped.
+# uses that file. Without either, the tuned state is recorded as skipped. (The hook takes tune's output for a whole
+# bundle; should tune write a layer instead, fold it in with `kernelcache merge` before the install below.)
 # Results: $OUT/gdn.json (summary), $OUT/gdn-{cold,bundle,tuned}.json, install and compare output, logs.
 # Run from the repo root with carry [".carry"] (.carry/vllm-h200.tar.xz: scripts/gpu/prepare_carry.sh; DIR under
 # .carry). About 3 minutes on an H100 (the cold run's FLA autotuning is most of it).
