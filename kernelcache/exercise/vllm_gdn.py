@@ -544,6 +544,7 @@ def prefill_batches(max_num_seqs: int, max_tokens: int, drafts: int) -> list[Bat
     batches += [Batch(((n, CONTEXT, -1),)) for n in prefill_lengths(max_tokens)]
     for count in sorted({2, 3, 16, 17, max_num_seqs}):
         if 2 * count <= max_tokens and count <= max_num_seqs:
+            batches.append(Batch(((1, 0, -1),) * count))  # one-token prompts: every sequence one token long
             batches.append(Batch(((2, 0, -1),) * count))
             batches.append(Batch(((max_tokens // count, CONTEXT, -1),) * count))
     return batches

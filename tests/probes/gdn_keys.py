@@ -12,7 +12,8 @@ of batch compositions (decodes, fresh and continued prefills, mixes) within the 
 
 Autotuning as in mamba_keys.py: an equal benchmarker that calls each candidate once, every autotune cache dropped
 before each launch, ``TRITON_CACHE_AUTOTUNING=0``. The layer's custom ops get their Python bodies as fake
-implementations, so they run under the fake mode; FlashInfer's prefill (a CUDA module) returns empty outputs.
+implementations (under the fake CUDA's eager-layout mode, as the server's eager ops lay their outputs out), so they
+run under the fake mode; FlashInfer's prefill (a CUDA module) returns empty outputs.
 
 Prints one JSON line per compile() call, {"entry", "name", "key", "hit"}, then one per candidate config the
 autotuner benchmarked, {"candidate": kernel name, "config": its meta-parameters, num_warps, num_stages as JSON}.
@@ -101,8 +102,21 @@ dtype = getattr(torch, cfg["dtype"])
 
 
 configs_seen = probe_target.every_candidate()
-for op in ("qwen_gdn_attention_core", "qwen_gdn_attention_core_fused_norm_packed"):
-    torch.library.register_fake(f"vllm::{op}", getattr(gdn_module, op), allow_override=True)
+
+
+def body_with_eager_layouts(op):
+    """The op's Python body as its fake implementation, run under the fake CUDA's eager-layout mode again: a fake
+    implementation runs inside that mode's dispatch, where the mode is off, and its ops would otherwise get the meta
+    functions' layouts (a size-1 dim's stride), not eager CUDA's."""
+    body = getattr(gdn_module, op)
+
+    def fake(*args, **kwargs):
+        with eager:
+            return body(*args, **kwargs)
+
+    return fake
+
+
 
 
 def flashinfer_prefill(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None, **kwargs):
@@ -210,7 +224,9 @@ hf = hf_config()
 vc = config_for(hf)
 found = []
 host, pins = probe_target.host_stays_real()
-with fake_cuda(), host, pins:
+with fake_cuda() as eager, host, pins:
+    for op in ("qwen_gdn_attention_core", "qwen_gdn_attention_core_fused_norm_packed"):
+        torch.library.register_fake(f"vllm::{op}", body_with_eager_layouts(op), allow_override=True)
     layer, builder, table = build(vc, hf)
     table = table.to("cuda")
     for kind in [only] if only else ["decode", "prefill", "mixed"]:
