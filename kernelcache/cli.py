@@ -178,10 +178,11 @@ def plan_options(recipe_help: str):
         click.option("--path", "paths", multiple=True,
                      help="Path(s): registry, mrv1, mrv2, flashinfer, mrv1_spec_decode and mrv2_spec_decode "
                           "(need drafts), moe (needs a MoE model), runner (Model Runner V2's own kernels), "
-                          "attention (needs --attention-backend TRITON_ATTN), mamba (needs a hybrid model)."),
+                          "attention (needs --attention-backend TRITON_ATTN), mamba (needs a hybrid model), gdn "
+                          "(needs a gated-delta-net model: Qwen3-Next, Qwen3.5)."),
         click.option("--model-config", type=click.Path(dir_okay=False), default=None,
-                     help="A local Hugging Face config.json: its vocab, dtype, MoE / attention / Mamba-2 layers, "
-                          "its name for the bundle."),
+                     help="A local Hugging Face config.json: its vocab, dtype, MoE / attention / Mamba-2 / "
+                          "gated-delta-net layers, its name for the bundle."),
         click.option("--max-num-batched-tokens", type=int, default=None,
                      help="vLLM max_num_batched_tokens (moe: every token count up to it)."),
         click.option("--tensor-parallel-size", type=int, default=None,
@@ -198,6 +199,9 @@ def plan_options(recipe_help: str):
                                                             "fp8_e4m3, fp8_e5m2 (the attention path: auto only)."),
         click.option("--block-size", type=int, default=None, help="vLLM --block-size: tokens per KV-cache block "
                                                                   "(runner, attention) [default: 16]."),
+        click.option("--gdn-prefill-backend", default=None,
+                     help="vLLM --gdn-prefill-backend (gdn): auto (vLLM's choice: FlashInfer's CUDA module on "
+                          "Hopper), triton (the FLA Triton kernels), flashinfer."),
         click.option("--mode", type=click.Choice(["auto", "cross", "native"]), default="auto", show_default=True,
                      help="native: run on a visible GPU of the arch; cross: a faithful fake target; "
                           "auto: native if possible."),
@@ -209,14 +213,15 @@ def plan_options(recipe_help: str):
         @functools.wraps(func)
         def command(*args, gpus, vocabs, dtypes, max_num_seqs, paths, num_speculative_tokens, max_model_len,
                     model_config, max_num_batched_tokens, tensor_parallel_size, attention_backend, kv_cache_dtype,
-                    block_size, **kwargs):
+                    block_size, gdn_prefill_backend, **kwargs):
             from .plan.recipe import PlanOverrides
 
             overrides = PlanOverrides(
                 gpus=gpus, vocabs=vocabs, dtypes=dtypes, max_num_seqs=max_num_seqs, paths=paths,
                 num_speculative_tokens=num_speculative_tokens, max_model_len=max_model_len, model_config=model_config,
                 max_num_batched_tokens=max_num_batched_tokens, tensor_parallel_size=tensor_parallel_size,
-                attention_backend=attention_backend, kv_cache_dtype=kv_cache_dtype, block_size=block_size)
+                attention_backend=attention_backend, kv_cache_dtype=kv_cache_dtype, block_size=block_size,
+                gdn_prefill_backend=gdn_prefill_backend)
             return func(*args, overrides=overrides, **kwargs)
 
         for option in reversed(options):

@@ -70,6 +70,9 @@ else
       openai-harmony openai pillow pybase64 cachetools msgspec cloudpickle uvloop py-cpuinfo prometheus_client \
       "fastapi<0.137" partial_json_parser "llguidance<1.8" "apache-tvm-ffi==0.1.11" tqdm
   fi
+  # vLLM requirements the gated-delta-net layer (layers/mamba/gdn/qwen_gdn_linear_attn.py) imports: einops, and
+  # compressed-tensors (through the quantization configs it checks), without deps, or it pulls another torch.
+  installed compressed-tensors 0.17.0 || pip install --no-deps "compressed-tensors==0.17.0" "einops==0.8.2" loguru
   # FlashInfer as vLLM 0.33 pins it, with --no-deps plus only what `import flashinfer.sampling` needs, so pip
   # never swaps the torch above.
   pip install --no-deps "flashinfer-python==${FLASHINFER_VERSION:-0.7.2.post1}" "apache-tvm-ffi==0.1.11" \

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.autotune import check_candidates_bundled, check_probe_hits
 from helpers.common import ROOT, clean_env, kc
 
 from kernelcache.bundle import archive
@@ -71,12 +72,6 @@ def probe(bundle: Path, cache: Path, config: dict, rounds: int, entry: str = "")
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def config_of(kernel, names) -> str:
-    """A bundled kernel's candidate config, labelled as the exercise and the probe label theirs."""
-    meta = {k: v for k, v in (kernel.constexprs or {}).items() if k in names}
-    return json.dumps({**meta, "num_warps": kernel.num_warps, "num_stages": kernel.num_stages}, sort_keys=True)
-
-
 def test_the_server_path_and_what_was_substituted(mamba_build):
     _, summary = mamba_build
     assert (summary["ssu_backend"], summary["chunk_size"]) == ("triton", 128)
@@ -94,26 +89,14 @@ def test_every_autotune_candidate_is_in_the_bundle(mamba_build):
     bundle, summary = mamba_build
     tuned = summary["autotune"]
     assert set(tuned) == AUTOTUNED
-    kernels = archive.read_manifest(bundle).kernels
-    assert {k.name for k in kernels} == AUTOTUNED | PLAIN
-    assert not [f.path for k in kernels for f in k.files if f.path.endswith(".autotune.json")]
-    for name, seen in tuned.items():
-        assert len(seen["candidates"]) == seen["configs"] and not seen["pruned_by"], name
-        names = set().union(*(json.loads(c) for c in seen["candidates"])) - {"num_warps", "num_stages"}
-        assert {config_of(k, names) for k in kernels if k.name == name} == set(seen["candidates"]), name
+    assert {k.name for k in archive.read_manifest(bundle).kernels} == AUTOTUNED | PLAIN
+    check_candidates_bundled(bundle, tuned)
 
 
 def test_every_key_the_probe_asks_for_is_a_hit(mamba_build, tmp_path):
     bundle, summary = mamba_build
     events = probe(bundle, tmp_path / "installed", NEMOTRON_H_8B, rounds=12)
-    compiles = [e for e in events if "key" in e]
-    assert {e["entry"] for e in compiles} == {"decode", "prefill", "mixed"}
-    assert {e["name"] for e in compiles} == AUTOTUNED | PLAIN
-    missed = [e for e in compiles if not e["hit"]]
-    assert not missed, missed[:3]
-    assert {e["key"] for e in compiles} <= {k.key for k in archive.read_manifest(bundle).kernels}
-    seen = {(e["candidate"], e["config"]) for e in events if "candidate" in e}
-    assert seen == {(name, c) for name, t in summary["autotune"].items() for c in t["candidates"]}
+    check_probe_hits(events, bundle, AUTOTUNED | PLAIN, summary["autotune"])
 
 
 def test_the_probe_sees_misses_for_a_state_dtype_not_built(mamba_build, tmp_path):

@@ -369,6 +369,68 @@ def test_the_mamba_path_needs_a_hybrid_model_and_dividing_heads(tmp_path):
             tmp_path, {k: v for k, v in GRANITE_H.items() if k != "mamba_d_state"}, "bad")))
 
 
+# Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (the fields kernelcache reads, plus some it ignores).
+QWEN3_NEXT = {"architectures": ["Qwen3NextForCausalLM"], "vocab_size": 151936, "hidden_size": 2048,
+              "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "num_experts": 512,
+              "num_experts_per_tok": 10, "moe_intermediate_size": 512, "linear_num_key_heads": 16,
+              "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+              "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "mtp_num_hidden_layers": 1,
+              "torch_dtype": "bfloat16"}
+# A Qwen3.5 multimodal config: the language model's fields under text_config, the SSM state's dtype named there.
+QWEN3_5 = {"architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": {
+    "vocab_size": 248320, "hidden_size": 2560, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "mamba_ssm_dtype": "float32", "dtype": "bfloat16"}}
+
+
+def gdn_kwargs(plan) -> list[dict]:
+    from kernelcache.plan.tasks import plan_units
+
+    return [t.kwargs for name, tasks in plan_units(plan) if name == "model" for t in tasks if t.label == "gdn"]
+
+
+def test_a_gated_delta_net_model_brings_its_gdn_moe_runner_and_sampler_paths(tmp_path):
+    plan = plan_file.load().override(model_config=str(write_config(tmp_path, QWEN3_NEXT, "Qwen3-Next-80B-A3B")),
+                                     max_num_seqs=8, max_num_batched_tokens=512, num_speculative_tokens=1,
+                                     gdn_prefill_backend="triton")
+    assert {"gdn", "moe", "runner", "registry", "mrv1", "mrv2"} <= set(plan.paths) and "mamba" not in plan.paths
+    assert plan_file.BuildPlan.from_dict(plan.to_dict()) == plan
+    assert gdn_kwargs(plan) == [{
+        "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "layout": "interleaved",
+        "mamba_ssm_cache_dtype": "auto", "hidden_size": 2048, "dtype": "bfloat16", "max_num_seqs": 8,
+        "max_num_batched_tokens": 512, "tensor_parallel_size": 1, "num_speculative_tokens": 1,
+        "gdn_prefill_backend": "triton", "num_key_value_heads": 2, "head_dim": 256, "attention_backend": "auto",
+        "kv_cache_dtype": "auto", "block_size": 16, "max_model_len": 8192}]
+    qwen35 = plan_file.load().override(model_config=str(write_config(tmp_path, QWEN3_5, "Qwen3.5-4B")))
+    [kwargs] = gdn_kwargs(qwen35)
+    # Qwen3.5's vLLM config class takes the SSM state's dtype from the config's mamba_ssm_dtype.
+    assert (kwargs["layout"], kwargs["mamba_ssm_cache_dtype"], kwargs["hidden_size"]) == ("flat", "float32", 2560)
+    assert "moe" not in qwen35.paths and qwen35.vocabs[0].size == 248320
+    shipped = plan_file.load("qwen3-next-80b-a3b")
+    assert {"gdn", "moe"} <= set(shipped.paths) and shipped.gdn_prefill_backend == "triton"
+    assert gdn_kwargs(shipped)[0]["layout"] == "interleaved" and shipped.model.num_experts == 512
+
+
+def test_the_gdn_path_needs_a_gdn_model_and_refuses_the_linear_attention_it_does_not_build(tmp_path):
+    with pytest.raises(UsageError, match="the gdn path needs a model with gated-delta-net layers"):
+        plan_file.load().override(model_config=str(write_config(tmp_path, LLAMA, "Llama")), paths=["gdn"])
+    config = str(write_config(tmp_path, QWEN3_NEXT, "Qwen3-Next-80B-A3B"))
+    with pytest.raises(UsageError, match="does not divide Qwen3-Next-80B-A3B's 16 key / 32 value heads"):
+        plan_file.load().override(model_config=config, paths=["gdn"], tensor_parallel_size=3)
+    kimi = {**QWEN3_NEXT, "architectures": ["KimiLinearForCausalLM"]}
+    with pytest.raises(UsageError, match="KimiLinearForCausalLM has linear-attention layers kernelcache does not"):
+        plan_file.load().override(model_config=str(write_config(tmp_path, kimi, "Kimi-Linear")))
+    with pytest.raises(UsageError, match="no 'linear_conv_kernel_dim'"):
+        plan_file.load().override(model_config=str(write_config(
+            tmp_path, {k: v for k, v in QWEN3_NEXT.items() if k != "linear_conv_kernel_dim"}, "bad")))
+    done = kc("build", "--arch", "sm_90", "--model-config", config, "--gdn-prefill-backend", "cutedsl")
+    assert done.returncode == UsageError.exit_code and "'--gdn-prefill-backend' must be one of" in done.stderr
+    bad = GOOD.replace("[vllm]", '[vllm]\ngdn_prefill_backend = "fla"')
+    with pytest.raises(RecipeError, match="'vllm.gdn_prefill_backend' must be one of"):
+        plan_file.load(write(tmp_path, bad))
+
+
 def test_mrv2_spec_decode_runs_with_drafts(tmp_path):
     from kernelcache.plan.tasks import vocab_tasks
 

@@ -95,7 +95,7 @@ def getitem(tensor: torch.Tensor, index: Any) -> torch.Tensor:
             out = aten.unsqueeze.default(out, dim)
             dim += 1
         elif isinstance(part, bool) or not isinstance(part, (int, slice)):
-            advanced.append((dim, part if isinstance(part, torch.Tensor) else torch.tensor(part)))
+            advanced.append((dim, _positions(part if isinstance(part, torch.Tensor) else torch.tensor(part))))
             dim += 1
         elif isinstance(part, int):
             out = aten.select.int(out, dim, part)
@@ -111,7 +111,33 @@ def getitem(tensor: torch.Tensor, index: Any) -> torch.Tensor:
     return out
 
 
+def _positions(index: torch.Tensor) -> torch.Tensor:
+    """A one-dimensional boolean index held on the host (its values are known) as the positions it selects, as
+    eager indexing turns it into ``nonzero()``; FakeTensor cannot index with a mask, whose result size it cannot
+    know. Other indices are returned as they are."""
+    if index.dtype == torch.bool and index.dim() == 1 and not _is_fake(index) and index.device.type == "cpu":
+        return index.nonzero().squeeze(1)
+    return index
+
+
+def _device_mask(index: Any) -> bool:
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(p, torch.Tensor) and p.dtype == torch.bool and _is_fake(p) for p in parts)
+
+
+def _put_masked(tensor: torch.Tensor, index: Any, value: Any) -> None:
+    """``tensor[mask, ...] = value`` with a mask on the device (vLLM's GDN layer zeroes the initial states of fresh
+    prefills so): in place, as ``index_put_``, the tensor keeps its layout (there are no values to write)."""
+    parts = _expand(tensor, index)
+    if not isinstance(parts[0], torch.Tensor) or any(p != slice(None) for p in parts[1:]):
+        raise NotImplementedError(f"kernelcache fake CUDA: a device mask must lead the index, got {index!r}")
+    fill = value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=tensor.dtype)
+    aten.index_put_.default(tensor, [parts[0]], fill)
+
+
 def setitem(tensor: torch.Tensor, index: Any, value: Any) -> None:
+    if _device_mask(index):
+        return _put_masked(tensor, index, value)
     target = getitem(tensor, index)
     if isinstance(value, torch.Tensor):
         aten.copy_.default(target, value.expand_as(target) if value.dim() else value)

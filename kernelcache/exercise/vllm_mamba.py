@@ -255,7 +255,7 @@ _TP_USERS = ("vllm.model_executor.layers.mamba.mamba_mixer2", "vllm.model_execut
 
 
 @contextlib.contextmanager
-def tensor_parallel(size: int):
+def tensor_parallel(size: int, users: tuple[str, ...] = _TP_USERS):
     """A one-process world (gloo) when none exists; for TP > 1, rank 0 of ``size`` as the layers see it
     (their ``get_tensor_model_parallel_world_size`` / ``_rank``), without a group: the Mamba path on one rank
     runs no collective when ``n_groups % size == 0`` and the norm is not grouped across ranks."""
@@ -266,7 +266,7 @@ def tensor_parallel(size: int):
         yield
         return
     saved = []
-    for name in _TP_USERS:
+    for name in users:
         module = importlib.import_module(name)
         for attr, value in (("get_tensor_model_parallel_world_size", lambda: size),
                             ("get_tensor_model_parallel_rank", lambda: 0)):
@@ -507,29 +507,34 @@ def forward(layer: MambaLayer, batch: Batch, hidden: Any) -> Any:
     metadata = layer.builder.build(0, common_metadata(layer, batch))
     with set_current_vllm_config(layer.vllm_config), \
             set_forward_context({LAYER_NAME: metadata}, layer.vllm_config, num_tokens=batch.num_tokens), \
-            python_body():
+            python_bodies("vllm.model_executor.layers.mamba.mamba_mixer2", ("mamba_mixer2",)):
         return layer.mixer.forward(hidden)
 
 
 @contextlib.contextmanager
-def python_body():
-    """Cross mode: ``torch.ops.vllm.mamba_mixer2`` resolves to its Python body while inside."""
+def python_bodies(module: str, ops: tuple[str, ...]):
+    """Cross mode: each ``torch.ops.vllm.<op>`` resolves to the Python body of the same name in ``module`` while
+    inside (under a FakeTensor mode a custom op runs its fake implementation, which launches no kernel)."""
     if not cross():
         yield
         return
-    import torch
-    from vllm.model_executor.layers.mamba import mamba_mixer2
+    import importlib
 
+    import torch
+
+    bodies = importlib.import_module(module)
     namespace = torch.ops.vllm
-    saved = namespace.__dict__.get("mamba_mixer2")
-    namespace.mamba_mixer2 = mamba_mixer2.mamba_mixer2
+    saved = {op: namespace.__dict__.get(op) for op in ops}
+    for op in ops:
+        setattr(namespace, op, getattr(bodies, op))
     try:
         yield
     finally:
-        if saved is None:
-            del namespace.mamba_mixer2
-        else:
-            namespace.mamba_mixer2 = saved
+        for op, value in saved.items():
+            if value is None:
+                delattr(namespace, op)
+            else:
+                setattr(namespace, op, value)
 
 
 # -- autotuned kernels ----------------------------------------------------------------------------------------

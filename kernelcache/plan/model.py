@@ -4,7 +4,7 @@
 ``[model]`` table (the same field names, so a recipe can be a config.json's relevant lines) both give a
 ``ModelSpec``. It decides the vocab size (the sampler, runner and spec-decode paths), for
 mixture-of-experts models the fused-MoE kernels' dimensions (``moe``), the attention layers' heads and
-windows (``attention``) and a hybrid model's Mamba-2 layers (``mamba``).
+windows (``attention``), a hybrid model's Mamba-2 layers (``mamba``) and its gated-delta-net layers (``gdn``).
 
 Field names differ between model families (Hugging Face transformers' configuration classes):
 experts are ``num_experts`` (Qwen2/Qwen3 MoE), ``num_local_experts`` (Mixtral) or ``n_routed_experts``
@@ -21,6 +21,14 @@ architecture (``MAMBA_CONFIG_NAMES``: what each vLLM 0.33 model file passes to `
 state's dtype is the config's ``mamba_ssm_cache_dtype`` where it has one; otherwise ``auto`` (the model's
 dtype), except Nemotron-H, whose vLLM config class turns ``auto`` into float32
 (vllm/model_executor/models/config.py, ``NemotronHForCausalLMConfig``).
+
+Gated-delta-net models (the ``gdn`` path) are the architectures whose vLLM 0.33 model file builds
+``QwenGatedDeltaNetAttention`` from the ``linear_*`` fields (``GDN_ARCHITECTURES``): Qwen3-Next (its fused,
+GQA-interleaved projections) and Qwen3.5 (dense and MoE, text-only and multimodal). Their SSM state's dtype is
+``mamba_ssm_cache_dtype`` where the config has one, else Qwen3.5's ``mamba_ssm_dtype``
+(``Qwen3_5ForConditionalGenerationConfig`` applies it), else ``auto``. Architectures whose linear-attention layers
+are other classes (``GDN_REFUSED``: Kimi's KDA, OLMo's hybrid, Bailing's, and the multimodal wrappers kernelcache has
+not checked) are refused, rather than built without those layers.
 """
 
 from __future__ import annotations
@@ -50,12 +58,31 @@ MAMBA_CONFIG_NAMES = {
                           "chunk_size": "chunk_size"},
 }
 _SSM_CACHE_DEFAULT = {"NemotronHForCausalLM": "float32"}
+# Per architecture: how vLLM 0.33's model file builds QwenGatedDeltaNetAttention (gqa_interleaved_layout).
+GDN_ARCHITECTURES = {"Qwen3NextForCausalLM": "interleaved",  # models/qwen3_next.py
+                     "Qwen3_5ForCausalLM": "flat", "Qwen3_5MoeForCausalLM": "flat",  # models/qwen3_5.py
+                     "Qwen3_5ForConditionalGeneration": "flat", "Qwen3_5MoeForConditionalGeneration": "flat"}
+_GDN_SSM_DTYPE_FIELD = {a: "mamba_ssm_dtype" for a in GDN_ARCHITECTURES if a.startswith("Qwen3_5")}
+GDN_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+              "linear_conv_kernel_dim")
+# Architectures vLLM 0.33 builds linear-attention (GDN / KDA) layers for that the gdn path does not drive.
+GDN_REFUSED = {
+    "KimiLinearForCausalLM": "KDA layers (ops/kda.py)", "AliceAIForCausalLM": "KimiGatedDeltaNetAttention (KDA)",
+    "BailingMoeV3ForCausalLM": "BailingMoeV3KimiDeltaAttention (KDA)",
+    "BailingMoeV3VLForConditionalGeneration": "BailingMoeV3KimiDeltaAttention (KDA)",
+    "OlmoHybridForCausalLM": "OlmoHybridGatedDeltaNetAttention",
+    "InternS2MobiusForConditionalGeneration": "QwenGatedDeltaNetAttention inside a multimodal wrapper whose config "
+                                              "kernelcache has not checked",
+    "MiniCPMV4_6ForConditionalGeneration": "QwenGatedDeltaNetAttention inside a multimodal wrapper whose config "
+                                           "kernelcache has not checked",
+    "Qwen4ExpForCausalLM": "several linear-attention state layouts", "Qwen4ExpForConditionalGeneration":
+        "several linear-attention state layouts"}
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 # What a recipe's [model] table may hold (a config.json holds much more, which is ignored).
 RECIPE_KEYS = {"name", "architectures", "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
                "num_experts_per_tok", "num_attention_heads", "num_key_value_heads", "head_dim",
                "max_position_embeddings", "torch_dtype", "dtype", "sliding_window", "use_sliding_window",
-               "layer_types", "mamba_ssm_cache_dtype", *_EXPERT_KEYS,
+               "layer_types", "mamba_ssm_cache_dtype", "mamba_ssm_dtype", *_EXPERT_KEYS, *GDN_FIELDS,
                *{name for names in MAMBA_CONFIG_NAMES.values() for name in names.values()}}
 
 
@@ -76,10 +103,15 @@ class ModelSpec:
     sliding_window: int = 0  # 0: every attention layer sees the whole context
     full_attention_layers: bool = True  # whether some layers attend to everything (with a window: mixed)
     mamba: MambaSpec | None = None  # a hybrid model's Mamba-2 layers
+    gdn: GdnSpec | None = None  # a hybrid model's gated-delta-net layers
 
     @property
     def is_hybrid(self) -> bool:
         return self.mamba is not None
+
+    @property
+    def is_gdn(self) -> bool:
+        return self.gdn is not None
 
     @property
     def is_moe(self) -> bool:
@@ -97,8 +129,8 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelSpec:
-        mamba = data.get("mamba")
-        return cls(**{**data, "mamba": MambaSpec(**mamba) if mamba else None})
+        mamba, gdn = data.get("mamba"), data.get("gdn")
+        return cls(**{**data, "mamba": MambaSpec(**mamba) if mamba else None, "gdn": GdnSpec(**gdn) if gdn else None})
 
 
 @dataclass(frozen=True)
@@ -111,6 +143,19 @@ class MambaSpec:
     n_groups: int
     conv_kernel: int
     chunk_size: int
+    mamba_ssm_cache_dtype: str = "auto"
+
+
+@dataclass(frozen=True)
+class GdnSpec:
+    """A gated-delta-net layer's dimensions under the config.json names (exercise/vllm_gdn.py's task)."""
+
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int
+    layout: str  # "interleaved" (Qwen3-Next's fused projections) or "flat" (Qwen3.5)
     mamba_ssm_cache_dtype: str = "auto"
 
 
@@ -156,6 +201,7 @@ def parse(data: dict, where: str, name: str = "") -> ModelSpec:
         sliding_window=window,
         full_attention_layers=full_layers,
         mamba=_mamba(fields, architectures[0], where),
+        gdn=_gdn(fields, architectures[0], where),
     )
 
 
@@ -170,6 +216,23 @@ def _mamba(fields: dict, architecture: str, where: str) -> MambaSpec | None:
                           f"got {dtype!r}")
     return MambaSpec(**{arg: _int(fields, name, where) for arg, name in names.items()},
                      mamba_ssm_cache_dtype=dtype)
+
+
+def _gdn(fields: dict, architecture: str, where: str) -> GdnSpec | None:
+    """The gated-delta-net layers of an architecture ``GDN_ARCHITECTURES`` knows (None for one without them)."""
+    if architecture in GDN_REFUSED:
+        raise RecipeError(f"{where}: {architecture} has linear-attention layers kernelcache does not build "
+                          f"({GDN_REFUSED[architecture]}); the gdn path builds "
+                          f"{', '.join(sorted(GDN_ARCHITECTURES))}")
+    layout = GDN_ARCHITECTURES.get(architecture)
+    if layout is None:
+        return None
+    field = "mamba_ssm_cache_dtype" if fields.get("mamba_ssm_cache_dtype") else _GDN_SSM_DTYPE_FIELD.get(architecture)
+    dtype = (fields.get(field) if field else None) or "auto"
+    if dtype not in SSM_CACHE_DTYPES:
+        raise RecipeError(f"{where}: '{field}' must be one of {', '.join(SSM_CACHE_DTYPES)}, got {dtype!r}")
+    return GdnSpec(**{name: _int(fields, name, where) for name in GDN_FIELDS}, layout=layout,
+                   mamba_ssm_cache_dtype=dtype)
 
 
 def _window(fields: dict, where: str) -> tuple[int, bool]:

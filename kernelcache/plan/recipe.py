@@ -3,7 +3,7 @@
 A recipe says which vLLM sampler paths to exercise (and speculative decoding's, with drafts), for which
 vocab sizes, logits dtypes, batch range and sampling modes, and for which GPU profiles; a model recipe
 adds a ``[model]`` table, the fields of the model's Hugging Face config.json (plan/model.py) that decide its
-vocab and its layers' kernels (MoE, attention, Mamba). Every key is checked; an error names the file and the
+vocab and its layers' kernels (MoE, attention, Mamba, gated delta net). Every key is checked; an error names the file and the
 key. ``PlanOverrides`` (the flags ``build`` and ``verify`` share) override the file.
 
 The package ships its recipes as package data (``kernelcache/recipes/*.toml``, model recipes in
@@ -27,11 +27,11 @@ from typing import Any
 from ..bundle.manifest import arch_to_capability, capability_to_arch
 from ..errors import RecipeError, UsageError
 from .gpus import PROFILES, GpuProfile
-from .model import MAMBA_CONFIG_NAMES, RECIPE_KEYS, ModelSpec, load_config
+from .model import GDN_ARCHITECTURES, MAMBA_CONFIG_NAMES, RECIPE_KEYS, ModelSpec, load_config
 from .model import parse as parse_model
 
 PATHS = ("registry", "mrv1", "mrv2", "flashinfer", "mrv1_spec_decode", "mrv2_spec_decode", "moe", "runner",
-         "attention", "mamba")
+         "attention", "mamba", "gdn")
 SPEC_DECODE_PATHS = ("mrv1_spec_decode", "mrv2_spec_decode")  # each needs drafts (num_speculative_tokens >= 1)
 # vLLM's --attention-backend names that matter here: the attention path builds TRITON_ATTN's kernels; the
 # others are CUDA/C++ (FlashAttention, FlashInfer) and compile no Triton kernel. auto: vLLM's choice, which
@@ -42,6 +42,9 @@ TRITON_ATTN = "TRITON_ATTN"
 # vLLM's --kv-cache-dtype; auto: the model's dtype. The attention path builds only auto today (an fp8 KV cache
 # needs the cache-write and attention kernels' fp8 variants, which the exercise does not drive yet).
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# vLLM's --gdn-prefill-backend for NVIDIA GPUs; auto: vLLM's choice (FlashInfer's GDN prefill on Hopper, and on
+# Blackwell with 128-dim keys and CUDA 13; the FLA Triton kernels otherwise: _resolve_gdn_prefill_backend).
+GDN_PREFILL_BACKENDS = ("auto", "triton", "flashinfer")
 MODES = ("top_k", "top_p", "top_k_top_p")
 DTYPES = ("float32", "bfloat16", "float16")
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"  # the shipped recipes: kernelcache/recipes/
@@ -71,6 +74,7 @@ class PlanOverrides:
     attention_backend: str | None = None  # vLLM --attention-backend: TRITON_ATTN adds the attention path
     kv_cache_dtype: str | None = None  # vLLM --kv-cache-dtype (attention)
     block_size: int | None = None  # vLLM --block-size: tokens per KV-cache block (runner, attention)
+    gdn_prefill_backend: str | None = None  # vLLM --gdn-prefill-backend (gdn)
 
     def __post_init__(self) -> None:
         for name in ("gpus", "vocabs", "dtypes", "paths"):
@@ -101,6 +105,7 @@ class BuildPlan:
     attention_backend: str = "auto"
     kv_cache_dtype: str = "auto"
     block_size: int = 16  # vLLM's default on CUDA
+    gdn_prefill_backend: str = "auto"
     model: ModelSpec | None = None
     seeded: bool = True
     unseeded: bool = True
@@ -145,6 +150,7 @@ class BuildPlan:
             plan = plan._override_serving(given.num_speculative_tokens, given.max_model_len)
             plan = plan._override_attention(given.attention_backend, given.kv_cache_dtype, given.block_size,
                                             explicit_paths=bool(given.paths))
+            plan = plan._override_gdn(given.gdn_prefill_backend)
             return plan._override_batching(given.max_num_batched_tokens, given.tensor_parallel_size)
         except RecipeError as exc:
             raise UsageError(str(exc)) from None
@@ -152,12 +158,12 @@ class BuildPlan:
     def _override_model(self, given: PlanOverrides) -> BuildPlan:
         """--model-config: the model's vocab, its dtype (with fp32, the processed paths'), its name for the
         bundle, Model Runner V2's kernels, for a mixture-of-experts model the moe path, for a hybrid model
-        the mamba path and, when the plan serves with the Triton attention backend, the attention path
+        the mamba or gdn path and, when the plan serves with the Triton attention backend, the attention path
         (unless --path says otherwise)."""
         model = load_config(given.model_config)
         wanted = ("runner",) + (("moe",) if model.is_moe else ()) + (("mamba",) if model.is_hybrid else ()) + (
-            ("attention",) if self.attention_backend == TRITON_ATTN else ())
-        paths = tuple(p for p in self.paths if p not in ("moe", "mamba")) + tuple(
+            ("gdn",) if model.is_gdn else ()) + (("attention",) if self.attention_backend == TRITON_ATTN else ())
+        paths = tuple(p for p in self.paths if p not in ("moe", "mamba", "gdn")) + tuple(
             p for p in wanted if p not in self.paths)
         return replace(self, model=model, name=_plain_name(model.name), paths=paths,
                        vocabs=(Vocab(model.vocab_size, (model.name,)),), dtypes=_model_dtypes(model))
@@ -172,8 +178,15 @@ class BuildPlan:
         plan = replace(self, **changes)
         _check_moe(plan, where)
         _check_mamba(plan, where)
+        _check_gdn(plan, where)
         _check_attention(plan, where)
         return plan
+
+    def _override_gdn(self, backend) -> BuildPlan:
+        if backend is None:
+            return self
+        return replace(self, gdn_prefill_backend=_choice(backend, GDN_PREFILL_BACKENDS, "--gdn-prefill-backend",
+                                                         "command line"))
 
     def _override_attention(self, backend, kv_cache_dtype, block_size, explicit_paths: bool) -> BuildPlan:
         """--attention-backend TRITON_ATTN adds the attention path (another backend drops it) unless --path
@@ -223,7 +236,7 @@ class BuildPlan:
 _TOP_KEYS = {"name", "description", "gpus", "vllm", "vocab", "gpu", "model"}
 _VLLM_KEYS = {"paths", "max_num_seqs", "num_speculative_tokens", "max_model_len", "modes", "seeded", "unseeded",
               "logits_dtypes", "min_p", "fp64_gumbel", "max_num_batched_tokens", "tensor_parallel_size",
-              "attention_backend", "kv_cache_dtype", "block_size"}
+              "attention_backend", "kv_cache_dtype", "block_size", "gdn_prefill_backend"}
 
 
 def load(recipe: str | os.PathLike | None = None) -> BuildPlan:
@@ -294,6 +307,8 @@ def parse(data: dict, where: str) -> BuildPlan:
                                   where),
         kv_cache_dtype=_choice(vllm.get("kv_cache_dtype", "auto"), KV_CACHE_DTYPES, "vllm.kv_cache_dtype", where),
         block_size=_positive(vllm.get("block_size", 16), "vllm.block_size", where),
+        gdn_prefill_backend=_choice(vllm.get("gdn_prefill_backend", "auto"), GDN_PREFILL_BACKENDS,
+                                    "vllm.gdn_prefill_backend", where),
         model=model,
         seeded=_bool(vllm.get("seeded", True), "vllm.seeded", where),
         unseeded=_bool(vllm.get("unseeded", True), "vllm.unseeded", where),
@@ -307,6 +322,7 @@ def parse(data: dict, where: str) -> BuildPlan:
         _check_spec_decode(plan.paths, plan.num_speculative_tokens, where)
     _check_moe(plan, where)
     _check_mamba(plan, where)
+    _check_gdn(plan, where)
     _check_attention(plan, where)
     return plan
 
@@ -316,6 +332,8 @@ def _default_path(path: str, plan: BuildPlan) -> bool:
         return bool(plan.model and plan.model.is_moe)
     if path == "mamba":
         return bool(plan.model and plan.model.is_hybrid)
+    if path == "gdn":
+        return bool(plan.model and plan.model.is_gdn)
     if path == "attention":
         return plan.model is not None and plan.attention_backend == TRITON_ATTN
     return True
@@ -356,6 +374,20 @@ def _check_mamba(plan: BuildPlan, where: str) -> None:
     if model.mamba.mamba_num_heads % plan.tensor_parallel_size:
         raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
                           f"{model.name}'s {model.mamba.mamba_num_heads} Mamba heads")
+
+
+def _check_gdn(plan: BuildPlan, where: str) -> None:
+    if "gdn" not in plan.paths:
+        return
+    model = plan.model
+    if model is None or model.gdn is None:
+        what = "no model" if model is None else f"{model.name} ({model.architecture}), which has none"
+        raise RecipeError(f"{where}: the gdn path needs a model with gated-delta-net layers (architectures: "
+                          f"{', '.join(GDN_ARCHITECTURES)}), the plan has {what}")
+    heads = (model.gdn.linear_num_key_heads, model.gdn.linear_num_value_heads)
+    if any(h % plan.tensor_parallel_size for h in heads):
+        raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
+                          f"{model.name}'s {heads[0]} key / {heads[1]} value heads of its gated-delta-net layers")
 
 
 def _check_moe(plan: BuildPlan, where: str) -> None:

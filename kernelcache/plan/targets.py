@@ -33,6 +33,7 @@ REQUIRED_MODULES = {
     "runner": ("vllm.v1.worker.gpu.input_batch", "Model Runner V2's input batch"),
     "attention": ("vllm.v1.attention.backends.triton_attn", "vLLM's Triton attention backend"),
     "mamba": ("vllm.model_executor.layers.mamba.mamba_mixer2", "vLLM's Mamba-2 mixer"),
+    "gdn": ("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", "vLLM's gated-delta-net layer"),
 }
 
 

@@ -2,7 +2,8 @@
 
 A plan's work comes in units, one exercise process each (``plan_units``): one per vocab size (the
 sampler, runner and speculative-decoding paths, ``vocab_tasks``) and one for the model's own layers
-(``model_tasks``: the fused-MoE, Triton-attention and Mamba-2 kernels), which do not depend on the vocab."""
+(``model_tasks``: the fused-MoE, Triton-attention, Mamba-2 and gated-delta-net kernels), which do not depend on
+the vocab."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ RUNNER = "kernelcache.exercise.vllm_runner"
 ATTENTION = "kernelcache.exercise.vllm_attention"
 MAMBA = "kernelcache.exercise.vllm_mamba"
 MRV2_SPEC_DECODE = "kernelcache.exercise.vllm_mrv2_spec_decode"
+GDN = "kernelcache.exercise.vllm_gdn"
 
 
 @dataclass(frozen=True)
@@ -74,9 +76,26 @@ def vocab_tasks(plan: BuildPlan, vocab: int) -> tuple[Task, ...]:
 
 
 def model_tasks(plan: BuildPlan) -> tuple[Task, ...]:
-    """The model's layers: fused MoE and Mamba-2 once per dtype they run in, Triton attention once per
-    sliding window."""
-    return moe_tasks(plan) + attention_tasks(plan) + mamba_tasks(plan)
+    """The model's layers: fused MoE, Mamba-2 and gated delta net once per dtype they run in, Triton attention
+    once per sliding window."""
+    return moe_tasks(plan) + attention_tasks(plan) + mamba_tasks(plan) + gdn_tasks(plan)
+
+
+def gdn_tasks(plan: BuildPlan) -> tuple[Task, ...]:
+    """A hybrid model's gated-delta-net layers, once per dtype they run in (empty without the gdn path), with the
+    serving settings their kernels depend on: drafts, the prefill backend, and the attention layers' page, which
+    the GDN state's page is padded to (its block stride is a constexpr of the decode kernels)."""
+    model = plan.model
+    if "gdn" not in plan.paths or model is None or model.gdn is None:
+        return ()
+    return tuple(Task(f"{GDN}:gdn", {
+        **asdict(model.gdn), "hidden_size": model.hidden_size, "dtype": dtype, "max_num_seqs": plan.max_num_seqs,
+        "max_num_batched_tokens": plan.max_num_batched_tokens, "tensor_parallel_size": plan.tensor_parallel_size,
+        "num_speculative_tokens": plan.num_speculative_tokens, "gdn_prefill_backend": plan.gdn_prefill_backend,
+        "num_key_value_heads": model.num_key_value_heads, "head_dim": model.head_dim,
+        "attention_backend": plan.attention_backend, "kv_cache_dtype": plan.kv_cache_dtype,
+        "block_size": plan.block_size, "max_model_len": plan.max_model_len}, label="gdn")
+        for dtype in plan.layer_dtypes)
 
 
 def mamba_tasks(plan: BuildPlan) -> tuple[Task, ...]:

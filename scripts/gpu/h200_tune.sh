@@ -2,7 +2,7 @@
 # One device call (issue 28): `kernelcache tune` on the CPU-built Nemotron-H Mamba-2 bundle, then Nemotron-H's
 # Mamba-2 layer in fresh processes cold, with today's bundle and with the tuned bundle.
 #   usage: bash scripts/gpu/h200_tune.sh DIR   (DIR holds <name>-sm_90-h100-sxm.tar.zst and <name>-sm_90-h200.tar.zst,
-#          built on the CPU with the lab stack: kernelcache build --recipe cache-manifests/models/nemotron-h-8b.toml
+#          built on the CPU with the lab stack: kernelcache build --recipe nemotron-h-8b
 #          --arch sm_90 --gpu h100-sxm --gpu h200 --path mamba --max-num-seqs 8 --max-num-batched-tokens 512 -o DIR)
 # The bundle of the visible GPU's product (H100 SXM or H200) is tuned: `kernelcache tune` installs it into a fresh
 # cache dir, replays its plan natively with Triton's autotune cache on (0 compiles expected), and writes the

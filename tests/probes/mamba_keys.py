@@ -27,7 +27,6 @@ dtype, mamba_ssm_cache_dtype. ENTRY: decode, prefill, mixed (default: all).
 import json
 import os
 import random
-import socket
 import sys
 from types import SimpleNamespace
 
@@ -41,12 +40,7 @@ os.environ["TRITON_CACHE_AUTOTUNING"] = "0"  # before vLLM's env_override sets i
 events = probe_target.start(capability, sm_count)
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 import vllm.platforms  # noqa: E402
-from torch.overrides import TorchFunctionMode  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
-from triton.runtime.autotuner import Autotuner  # noqa: E402
 from vllm.platforms.interface import DeviceCapability  # noqa: E402
 
 
@@ -68,7 +62,7 @@ vllm.platforms._current_platform = MambaProbeCuda()
 import vllm._custom_ops  # noqa: E402, F401
 
 from kernelcache.exercise import fake_ops  # noqa: E402
-from kernelcache.exercise.fake_device import FakeTensor, fake_cuda  # noqa: E402 -- torch's FakeTensor
+from kernelcache.exercise.fake_device import fake_cuda  # noqa: E402
 
 fake_ops.install()
 if not hasattr(torch.ops._C, "cutlass_scaled_mm_supports_fp8"):  # quantization/online/fp8.py:193, at import
@@ -77,7 +71,6 @@ if not hasattr(torch.ops._C, "cutlass_scaled_mm_supports_fp8"):  # quantization/
     _lib.impl("cutlass_scaled_mm_supports_fp8", lambda c: c >= 89, "CompositeExplicitAutograd")
 
 from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
-from vllm.distributed import init_distributed_environment, initialize_model_parallel  # noqa: E402
 from vllm.forward_context import set_forward_context  # noqa: E402
 from vllm.model_executor.layers.mamba import mamba_mixer2  # noqa: E402
 from vllm.model_executor.layers.mamba.ops import triton_helpers  # noqa: E402
@@ -92,69 +85,8 @@ PREFIX = "backbone.layers.3.mixer"
 dtype = getattr(torch, cfg["dtype"])
 
 
-def equal_bench(kernel_call, quantiles=None):
-    kernel_call()
-    return [0.5, 0.5, 0.5]
-
-
-triton.runtime.driver.active.get_benchmarker = lambda: equal_bench
-_run = Autotuner.run
-
-
-def run_fresh(self, *args, **kwargs):
-    self.cache.clear()
-    return _run(self, *args, **kwargs)
-
-
-Autotuner.run = run_fresh
-configs_seen = []
-_bench = Autotuner._bench
-
-
-def bench_seen(self, *args, config, **meta):
-    label = json.dumps({**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages},
-                       sort_keys=True)
-    configs_seen.append((self.base_fn.__name__, label))
-    return _bench(self, *args, config=config, **meta)
-
-
-Autotuner._bench = bench_seen
+configs_seen = probe_target.every_candidate()
 torch.library.register_fake("vllm::mamba_mixer2", mamba_mixer2.mamba_mixer2, allow_override=True)
-
-
-class HostStaysReal(TorchDispatchMode):
-    """Ops on host tensors alone run for real (the builder's CPU arithmetic); pinning is skipped."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if func is torch.ops.aten._pin_memory.default:
-            return args[0]
-        kwargs.pop("pin_memory", None)
-        leaves = tree_leaves((args, kwargs))
-        on_device = any(isinstance(x, FakeTensor) or (isinstance(x, torch.Tensor) and x.is_cuda) for x in leaves)
-        named = kwargs.get("device")
-        if not on_device and (named is None or torch.device(named).type == "cpu"):
-            with _disable_current_modes():
-                return func(*args, **kwargs)
-        return func(*args, **kwargs)
-
-
-class NoPinning(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if func is torch.Tensor.pin_memory:
-            return args[0]
-        kwargs.pop("pin_memory", None)
-        return func(*args, **kwargs)
-
-
-def one_rank():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with set_current_vllm_config(VllmConfig()):
-        init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, "gloo")
-        initialize_model_parallel(1)
 
 
 def config_for():
@@ -221,10 +153,11 @@ def step(mixer, builder, table, vc, reqs):
         mixer.forward(torch.empty((tokens, cfg["hidden_size"]), dtype=dtype, device="cuda"))
 
 
-one_rank()
+probe_target.one_rank()
 vc = config_for()
 found = []
-with fake_cuda(), HostStaysReal(), NoPinning():
+host, pins = probe_target.host_stays_real()
+with fake_cuda(), host, pins:
     mixer, builder, table = build(vc)
     table = table.to("cuda")
     for kind in [only] if only else ["decode", "prefill", "mixed"]:
