@@ -38,10 +38,13 @@ _API = {
     "ls": "kernelcache.manage:ls",
     "rm": "kernelcache.manage:rm",
     "prune": "kernelcache.manage:prune",
+    "ls_build_cache": "kernelcache.manage:ls_build_cache",
+    "prune_build_cache": "kernelcache.manage:prune_build_cache",
 }
 
-__all__ = ["__version__", "activate", "build", "capture", "diff", "env", "fetch", "inspect", "install", "ls", "merge",
-           "pack", "plan_install", "prune", "pull", "push", "rm", "run", "verify"]
+__all__ = ["__version__", "activate", "build", "capture", "diff", "env", "fetch", "inspect", "install", "ls",
+           "ls_build_cache", "merge", "pack", "plan_install", "prune", "prune_build_cache", "pull", "push", "rm", "run",
+           "verify"]
 
 if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load on first use
     from typing import Any
@@ -52,7 +55,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load
     from .bundle.make import pack
     from .capture import capture
     from .install import install, plan_install
-    from .manage import ls, prune, rm
+    from .manage import ls, ls_build_cache, prune, prune_build_cache, rm
     from .remote import fetch, pull
     from .remote.oci import push
     from .runtime.env import activate, env, run

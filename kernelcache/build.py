@@ -9,6 +9,10 @@
 4. harvest.py reads the cache with that log; bundle/make.py writes one bundle per GPU profile, with
    the plan, the coverage (which specializations of which kernel each path produced) and the
    environment fingerprint.
+
+With a build cache (buildcache/__init__.py; on by default) the exercise processes take every key an earlier
+build compiled from it and publish what they compile to it; the bundles are the same bytes either way, and
+each ``TargetResult`` counts what was reused.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import __version__
+from .buildcache import BuildCacheCounts, BuildCacheSpec
+from .buildcache import check as check_build_cache
+from .buildcache import resolve as resolve_build_cache
 from .bundle.archive import source_date_epoch
 from .bundle.fingerprint import local_environment
 from .bundle.identity import identity_here
@@ -58,10 +65,12 @@ class TargetResult:
     compiles: int
     coverage: dict
     skipped: tuple[dict, ...] = ()
+    build_cache: BuildCacheCounts = field(default_factory=BuildCacheCounts)  # what the build cache gave and took
 
     def to_dict(self) -> dict:
         return {"arch": self.target.arch, "sm_count": self.target.sm_count, "mode": self.target.mode,
                 "seconds": self.seconds, "compiles": self.compiles, "compile_seconds": self.compile_seconds,
+                "reused": self.build_cache.reused, "build_cache": self.build_cache.to_dict(),
                 "coverage": self.coverage, "bundles": [_bundle_dict(b) for b in self.bundles]}
 
 
@@ -86,7 +95,8 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
           mode: str = "auto", jobs: int | None = None, output_dir: str | os.PathLike = "bundles",
           keep_ir: bool = False, workdir: str | os.PathLike | None = None, extra_tasks: tuple[Task, ...] = (),
           progress: Callable[[str, int, int], None] | None = None, from_misses: list[str] | None = None,
-          target_env: str | os.PathLike | None = None, **flags) -> BuildResult:
+          target_env: str | os.PathLike | None = None, build_cache: str | os.PathLike | bool | None = None,
+          **flags) -> BuildResult:
     """Build one bundle per GPU profile of ``arch`` from a recipe (``overrides`` change its plan).
 
     ``flags``: the fields of ``PlanOverrides`` as keywords (``gpus=["h200"], paths=["mrv2"]``), for short.
@@ -94,15 +104,19 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
     compiled again, so the next bundle covers them. ``target_env``: a fingerprint file of the serving
     environment (``kernelcache fingerprint --json``); the build stops before compiling anything if
     ``install`` would refuse its bundles there. A cross build of FlashInfer's module fetches its CUDA
-    toolchain first when none is here (exercise/flashinfer.py: ``ensure_toolchain``).
+    toolchain first when none is here (exercise/flashinfer.py: ``ensure_toolchain``). ``build_cache``: a
+    directory or URL to take compiled kernels from and publish them to, False for none, None for the default
+    (``KERNELCACHE_BUILD_CACHE``, else the user cache dir; buildcache/__init__.py).
     """
     arch = capability_to_arch(flag_capability(arch))
     there = _load_target_env(target_env)
     plan = load(recipe).override(overrides or PlanOverrides(**flags))
     check_paths(plan)
+    cache = resolve_build_cache(build_cache)
     targets = plan_targets(plan, arch, mode, visible_gpus() if mode != "cross" else [])
     if there is not None:
         check_target_env(plan, targets, there, str(target_env), bool(extra_tasks or from_misses))
+    check_build_cache(cache)
     if "flashinfer" in plan.paths and any(t.mode == "cross" for t in targets):
         from .exercise.flashinfer import ensure_toolchain
 
@@ -119,7 +133,7 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
             if work.exists():
                 shutil.rmtree(work)
             tasks = tuple(extra_tasks) + _miss_tasks(from_misses or [], target.capability)
-            results.append(_build_target(plan, target, work, out, jobs, keep_ir, tasks, progress))
+            results.append(_build_target(plan, target, work, out, jobs, keep_ir, tasks, progress, cache))
     except BuildFailed:
         keep = True  # its message points at logs in the scratch dir: leave them to be read
         raise
@@ -161,9 +175,10 @@ def check_target_env(plan: BuildPlan, targets: list[BuildTarget], there, source:
 
 
 def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, keep_ir: bool, extra_tasks,
-                  progress) -> TargetResult:
+                  progress, cache: BuildCacheSpec | None = None) -> TargetResult:
     started = time.perf_counter()
-    run = exercise(plan, target, work, work / "cache", jobs, extra_tasks, progress)
+    run = exercise(plan, target, work, work / "cache", jobs, extra_tasks, progress,
+                   cache_env=cache.worker_env() if cache else None)
     # A FlashInfer-only plan runs no exercise process: fingerprint this interpreter's Triton instead.
     environment = _environment(run.results) if run.results else local_environment([target.arch])
     identity = _identity(run.results) if run.results else identity_here([target.arch])
@@ -186,7 +201,7 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
     compiled = [r for r in records if not r.cache_hit]
     return TargetResult(target, tuple(bundles), time.perf_counter() - started,
                         sum((r.compile_us or 0) for r in compiled) / 1e6, len(compiled), coverage,
-                        tuple(found.skipped))
+                        tuple(found.skipped), BuildCacheCounts.of(cache and cache.location, run.log.build_cache))
 
 
 def device_keys_of(records: tuple[dict, ...], profile: GpuProfile) -> DeviceKeys | None:

@@ -25,7 +25,7 @@ from ..plan.recipe import BuildPlan
 from ..plan.targets import BuildTarget
 from ..plan.tasks import SAMPLER, Task, plan_units
 from .device_tables import candidates_env
-from .listener import ExerciseLog
+from .listener import LOG_ENV, ExerciseLog
 from .worker import Job
 
 
@@ -70,10 +70,11 @@ class ExerciseRun:
 
 
 def _jobs(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: int,
-          extra_tasks: tuple[Task, ...], served: bool = False) -> list[tuple[str, Path, Job]]:
+          extra_tasks: tuple[Task, ...], served: bool = False,
+          cache_env: dict | None = None) -> list[tuple[str, Path, Job]]:
     threads = str(max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(plan_units(plan))))))
     env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_TRITON_JIT_WARMUP_NUM_THREADS": threads,
-           "TQDM_DISABLE": "1", **reproducible_cc(work),
+           "TQDM_DISABLE": "1", **reproducible_cc(work), **(cache_env or {}),
            **candidates_env(target.capability, target.sm_count, {p.name: p.product for p in target.profiles})}
     setup = ()
     if target.mode == "cross":
@@ -89,9 +90,10 @@ def _jobs(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: i
             continue
         job_dir = work / "jobs" / name
         job_dir.mkdir(parents=True, exist_ok=True)
-        out.append((name, job_dir, Job(cache_dir=str(cache), compile_log=str(job_dir / "compiles.jsonl"),
-                                       capability=target.capability, sm_count=target.sm_count, mode=target.mode,
-                                       tasks=tasks, env=env, setup=setup, served=served)))
+        log = str(job_dir / "compiles.jsonl")
+        out.append((name, job_dir, Job(cache_dir=str(cache), compile_log=log, capability=target.capability,
+                                       sm_count=target.sm_count, mode=target.mode, tasks=tasks,
+                                       env={**env, LOG_ENV: log} if cache_env else env, setup=setup, served=served)))
     return out
 
 
@@ -160,10 +162,12 @@ def _worker_env() -> dict[str, str]:
 
 
 def exercise(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: int,
-             extra_tasks: tuple[Task, ...] = (), progress=None, served: bool = False) -> ExerciseRun:
+             extra_tasks: tuple[Task, ...] = (), progress=None, served: bool = False,
+             cache_env: dict | None = None) -> ExerciseRun:
     """Run the plan's paths for one target into ``cache``, ``jobs`` processes at a time (``served``: an installed
-    cache, which Triton's gcc step may take helper modules from, as in a served process)."""
-    units = _jobs(plan, target, work, cache, jobs, extra_tasks, served)
+    cache, which Triton's gcc step may take helper modules from, as in a served process; ``cache_env``: the
+    variables that give the processes a build cache, buildcache/__init__.py)."""
+    units = _jobs(plan, target, work, cache, jobs, extra_tasks, served, cache_env)
     results = _run_jobs(units, target, jobs, progress)
     cache.mkdir(parents=True, exist_ok=True)  # also when the plan has no Triton path (FlashInfer only)
     log = ExerciseLog.read(job.compile_log for _, _, job in sorted(units, key=lambda u: str(u[1])))

@@ -132,6 +132,7 @@ class ExerciseLog:
     gcc_builds: tuple[str, ...] = ()  # module names (__triton_launcher, cuda_utils)
     prebuilt: tuple[str, ...] = ()  # module names whose build the installed cache answered
     device_tables: tuple[dict, ...] = ()  # device-keyed table lookups (exercise/device_tables.py)
+    build_cache: tuple[dict, ...] = ()  # what the build cache gave or took (buildcache/manager.py)
 
     @classmethod
     def read(cls, paths) -> ExerciseLog:
@@ -140,8 +141,9 @@ class ExerciseLog:
         names = {event: tuple(str(r.get("name")) for r in records if r.get("event") == event)
                  for event in ("gcc", "prebuilt")}
         tables = tuple(r for r in records if r.get("event") == "device_table")
+        cache = tuple(r for r in records if r.get("event") == "build_cache")
         return cls(tuple(CompileRecord.from_dict(r) for r in compiles(records)), names["gcc"], names["prebuilt"],
-                   tables)
+                   tables, cache)
 
 
 def compiles(records: list[dict]) -> list[dict]:
