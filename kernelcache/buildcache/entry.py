@@ -11,7 +11,8 @@ Why the paths: Triton's cache key hashes a kernel's source text, not the file it
 files hold that file's path (the cubin's and PTX's line info, the IR's locations) and the metadata holds the
 path of Triton's libdevice. The same key compiled from a vLLM installed elsewhere gives other bytes, so an
 entry is reused only where every path it embeds is this process's own (buildcache/manager.py), and a build
-with the cache writes the bytes a build without it writes.
+with the cache writes the bytes a build without it writes. A store keeps one entry per key and ``variant``
+(the digest of those paths), so installs at different paths sharing one cache each keep their own.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ RECORD = "entry.json"
 MAX_BYTES = 512 << 20  # a blob that expands beyond this is refused: no kernel or helper module is that large
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}")
 _KEY = re.compile(r"[A-Z2-7]{52}")
-_QUOTED_PATH = re.compile(rb'"(/[^"\n\x00]{1,4096})"')
-_TEXT_SUFFIXES = (".json", ".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn")
+_QUOTED_PATH = re.compile(rb'"(/[^"\n\x00]{1,4096})"')  # IR locations, PTX .file, the metadata's libdevice
+_C_STRING_PATH = re.compile(rb"\x00(/(?:[\w.+-]+/)+[\w.+-]+)\x00")  # a module's __FILE__ of a C header
 
 
 class CorruptEntry(ValueError):
@@ -53,6 +54,11 @@ class Entry:
     files: tuple[EntryFile, ...]
     paths: tuple[str, ...] = ()  # absolute paths the files embed (kernel sources in line info, libdevice)
 
+    @property
+    def variant(self) -> str:
+        """What tells apart entries of one key compiled from installs at other paths: a digest of ``paths``."""
+        return hashlib.sha256("\n".join(self.paths).encode()).hexdigest()[:16]
+
     def to_json(self) -> bytes:
         data = {"format": FORMAT, "key": self.key, "kind": self.kind, "group": self.group,
                 "files": [{"name": f.name, "sha256": f.sha256, "size": f.size} for f in self.files],
@@ -72,19 +78,19 @@ class Entry:
             raise CorruptEntry(f"unreadable {RECORD}: {exc}") from None
 
 
-def pack(key: str, kind: str, group: str | None, files: dict[str, bytes]) -> bytes:
-    """The blob of one entry (deterministic: the same files give the same bytes)."""
+def pack(key: str, kind: str, group: str | None, files: dict[str, bytes]) -> tuple[Entry, bytes]:
+    """The record and blob of one entry (deterministic: the same files give the same bytes)."""
     import zstandard
 
     record = Entry(key, kind, group, tuple(EntryFile(n, hashlib.sha256(d).hexdigest(), len(d))
                                            for n, d in sorted(files.items())),
-                   embedded_paths(files) if kind == "kernel" else ())
+                   embedded_paths(files))
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         _add(tar, RECORD, record.to_json())
         for name, data in sorted(files.items()):
             _add(tar, name, data)
-    return zstandard.ZstdCompressor(level=3).compress(raw.getvalue())
+    return record, zstandard.ZstdCompressor(level=3).compress(raw.getvalue())
 
 
 def unpack(blob: bytes, key: str) -> tuple[Entry, dict[str, bytes]]:
@@ -106,11 +112,12 @@ def unpack(blob: bytes, key: str) -> tuple[Entry, dict[str, bytes]]:
 
 
 def embedded_paths(files: dict[str, bytes]) -> tuple[str, ...]:
-    """Every quoted absolute path in the text files of a kernel (metadata, IR, PTX): where its sources were."""
+    """The absolute paths the files hold: quoted ones in a kernel's metadata, IR and PTX (where its sources and
+    libdevice were), C strings in a module (the Python headers its asserts name)."""
     found: set[str] = set()
-    for name, data in files.items():
-        if name.endswith(_TEXT_SUFFIXES):
-            found.update(m.decode("utf-8", "replace") for m in _QUOTED_PATH.findall(data))
+    for data in files.values():
+        for pattern in (_QUOTED_PATH, _C_STRING_PATH):
+            found.update(m.decode("utf-8", "replace") for m in pattern.findall(data))
     return tuple(sorted(found))
 
 

@@ -92,28 +92,34 @@ def _fetch(key: str, kind: str):
     """(entry, files) for ``key`` when the build cache has a good one that is this process's to use, else None."""
     try:
         with _lock:
-            blob = _store().get(key)
-        if blob is None:
-            return None
-        entry, files = unpack(blob, key)
+            blobs = _store().get(key)
     except CorruptEntry as exc:
         _log(key, "corrupt", kind, str(exc))
         return None
     except Exception as exc:  # noqa: BLE001 -- the store failed: compile instead, and say so
         _log(key, "error", kind, f"reading: {type(exc).__name__}: {exc}")
         return None
-    foreign = [p for p in entry.paths if not own_path(p)]
+    foreign = None
+    for blob in blobs:
+        try:
+            entry, files = unpack(blob, key)
+        except CorruptEntry as exc:
+            _log(key, "corrupt", kind, str(exc))
+            continue
+        elsewhere = [p for p in entry.paths if not own_path(p)]
+        if not elsewhere:
+            return entry, files
+        foreign = foreign or elsewhere[0]
     if foreign:
-        _log(key, "foreign", kind, f"embeds {foreign[0]}")
-        return None
-    return entry, files
+        _log(key, "foreign", kind, f"embeds {foreign}")
+    return None
 
 
 def _publish(key: str, kind: str, group: str | None, files: dict[str, bytes]) -> None:
     try:
-        blob = pack(key, kind, group, files)
+        entry, blob = pack(key, kind, group, files)
         with _lock:
-            _store().put(key, blob)
+            _store().put(key, entry.variant, blob)
     except Exception as exc:  # noqa: BLE001 -- the kernel is compiled; only the cache missed out
         _log(key, "error", kind, f"writing: {type(exc).__name__}: {exc}")
         return
@@ -135,8 +141,9 @@ def _is_module(filename: str) -> bool:
 
 
 def own_path(path: str) -> bool:
-    """Whether ``path`` lies where this process imports code from: under the directory a loaded top-level module
-    or package was imported from (its sys.path entry). A path of another install is not."""
+    """Whether ``path`` lies where this process's code comes from: under its interpreter's installation (and
+    venv), or under the directory a loaded top-level module or package was imported from (its sys.path entry).
+    A path of another install is not."""
     path = os.path.normpath(path)
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in _roots(len(sys.modules)))
 
@@ -144,7 +151,7 @@ def own_path(path: str) -> bool:
 @lru_cache(maxsize=4)
 def _roots(_loaded: int) -> tuple[str, ...]:
     """The directories this process's loaded top-level modules came from (recomputed as more modules load)."""
-    roots = set()
+    roots = {os.path.normpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix) if p != "/"}
     for name, module in list(sys.modules.items()):
         if "." in name:
             continue

@@ -1,22 +1,25 @@
 """Where build-cache blobs live: a local directory, a URL (fsspec) or an OCI registry, behind one interface.
 
-Every store maps a Triton cache key to one blob (buildcache/entry.py) and has two verbs: ``get(key)`` (the blob,
-or None) and ``put(key, blob)``. A put replaces the key's blob whole, so a reader gets an old blob, a new one or
-none, never a torn one, and the last writer of a key wins (any writer's blob serves: the same key compiles the
-same files).
+A store keeps blobs (buildcache/entry.py) by Triton cache key and variant (the digest of the paths an entry
+embeds: one per install location) and has two verbs: ``get(key)``, every variant's blob of the key (usually one,
+none on a miss), and ``put(key, variant, blob)``. A put replaces that variant's blob whole, so a reader gets an
+old blob, a new one or none, never a torn one, and the last writer wins (any writer's blob serves: the same key
+and paths compile to the same files).
 
-* ``DirStore``: ``<root>/v1/<first 2 key characters>/<key>.tar.zst``, written under a unique temporary name and
-  renamed into place. A hit sets the blob's mtime, so ``prune`` removes the least recently used first.
+* ``DirStore``: ``<root>/v1/<first 2 key characters>/<key>/<variant>.tar.zst``, written under a unique temporary
+  name and renamed into place. A hit sets the blob's mtime, so ``prune`` removes the least recently used first.
 * ``UrlStore`` (``s3://``, ``gs://``, ``file://``, any fsspec URL with a writable backend): the same layout
   under the URL. Object stores put a blob in one request; on ``file://`` it goes through a temporary name.
 * ``OciStore`` (``oci://HOST/REPOSITORY``): each key is a tag of the repository, an OCI manifest (artifactType
-  ``application/vnd.kernelcache.build-entry.v1``) whose one layer is the blob; the registry verifies the
-  layer's digest and kernelcache verifies it again on download.
+  ``application/vnd.kernelcache.build-entry.v1``) with one layer per variant (the blob, its variant in the
+  ``dev.kernelcache.variant`` annotation). The registry checks each layer's digest on upload, kernelcache again
+  on download. A put re-reads the manifest and keeps the other variants' layers (the newest ``MAX_VARIANTS``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import uuid
 from dataclasses import dataclass
@@ -29,12 +32,14 @@ SUFFIX = ".tar.zst"
 ENTRY_ARTIFACT = "application/vnd.kernelcache.build-entry.v1"
 ENTRY_MEDIA_TYPE = "application/vnd.kernelcache.build-entry.v1.tar+zstd"
 EMPTY_MEDIA_TYPE = "application/vnd.oci.empty.v1+json"
+VARIANT_NOTE = "dev.kernelcache.variant"
+MAX_VARIANTS = 8
 CACHEDIR_TAG = ("Signature: 8a477f597d28d172789f06886806bc55\n"
                 "# This file is a cache directory tag created by kernelcache (its build cache).\n")
 
 
-def relative(key: str) -> str:
-    return f"{LAYOUT}/{key[:2]}/{key}{SUFFIX}"
+def key_dir(key: str) -> str:
+    return f"{LAYOUT}/{key[:2]}/{key}"
 
 
 # -- a local directory -------------------------------------------------------------------------------
@@ -52,27 +57,26 @@ class DirStore:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
 
-    def get(self, key: str) -> bytes | None:
-        path = self.root / relative(key)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        with contextlib.suppress(OSError):  # a read-only cache still serves; it only loses the LRU order
-            os.utime(path)
-        return data
+    def get(self, key: str) -> list[bytes]:
+        found = []
+        for path in _variants(self.root / key_dir(key)):
+            with contextlib.suppress(FileNotFoundError):  # pruned since the listing: one variant fewer
+                found.append(path.read_bytes())
+                with contextlib.suppress(OSError):  # a read-only cache still serves; it only loses the LRU order
+                    os.utime(path)
+        return found
 
-    def put(self, key: str, blob: bytes) -> None:
-        path = self.root / relative(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def put(self, key: str, variant: str, blob: bytes) -> None:
+        folder = self.root / key_dir(key)
+        folder.mkdir(parents=True, exist_ok=True)
         self._tag()
-        tmp = path.with_name(f".{key}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+        tmp = folder / f".{variant}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
         try:
             with open(tmp, "wb") as handle:
                 handle.write(blob)
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.replace(tmp, path)
+            os.replace(tmp, folder / f"{variant}{SUFFIX}")
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -80,14 +84,12 @@ class DirStore:
     def blobs(self) -> list[Blob]:
         """Every blob, least recently used first (temporary files of writers are not blobs)."""
         found = []
-        for folder in sorted((self.root / LAYOUT).glob("??")):
-            with contextlib.suppress(OSError), os.scandir(folder) as items:
-                for item in items:
-                    if item.name.endswith(SUFFIX) and not item.name.startswith(".") and item.is_file():
-                        info = item.stat()
-                        found.append(Blob(item.name[:-len(SUFFIX)], Path(item.path), info.st_blocks * 512,
-                                          info.st_mtime))
-        return sorted(found, key=lambda b: (b.used, b.key))
+        for folder in sorted((self.root / LAYOUT).glob("??/*")):
+            for path in _variants(folder):
+                with contextlib.suppress(FileNotFoundError):
+                    info = path.stat()
+                    found.append(Blob(folder.name, path, info.st_blocks * 512, info.st_mtime))
+        return sorted(found, key=lambda b: (b.used, str(b.path)))
 
     def remove(self, blob: Blob) -> bool:
         """Unlink one blob (a reader that opened it still reads it whole); False when it was gone already."""
@@ -95,6 +97,8 @@ class DirStore:
             blob.path.unlink()
         except FileNotFoundError:
             return False
+        with contextlib.suppress(OSError):  # the key's folder goes with its last blob (not while one is written)
+            blob.path.parent.rmdir()
         return True
 
     def _tag(self) -> None:
@@ -102,6 +106,14 @@ class DirStore:
         if not tag.exists():
             with contextlib.suppress(OSError):
                 tag.write_text(CACHEDIR_TAG)
+
+
+def _variants(folder: Path) -> list[Path]:
+    try:
+        with os.scandir(folder) as items:
+            return sorted(Path(i.path) for i in items if i.name.endswith(SUFFIX) and not i.name.startswith("."))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 # -- a URL -------------------------------------------------------------------------------------------
@@ -114,24 +126,29 @@ class UrlStore:
         self.url = split_pin(url)[0].rstrip("/")
         self.fs, self.base = _filesystem(self.url)
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str) -> list[bytes]:
         try:
-            return self.fs.cat_file(f"{self.base}/{relative(key)}")
+            listed = self.fs.ls(f"{self.base}/{key_dir(key)}", detail=False)
         except FileNotFoundError:
-            return None
+            return []
+        found = []
+        for path in sorted(p for p in listed if p.endswith(SUFFIX) and not p.rsplit("/", 1)[-1].startswith(".")):
+            with contextlib.suppress(FileNotFoundError):
+                found.append(self.fs.cat_file(path))
+        return found
 
-    def put(self, key: str, blob: bytes) -> None:
-        path = f"{self.base}/{relative(key)}"
+    def put(self, key: str, variant: str, blob: bytes) -> None:
+        folder = f"{self.base}/{key_dir(key)}"
         if not _is_local(self.fs):  # an object store publishes a whole object per request
-            self.fs.pipe_file(path, blob)
+            self.fs.pipe_file(f"{folder}/{variant}{SUFFIX}", blob)
             return
-        tmp = f"{self.base}/{LAYOUT}/{key[:2]}/.{key}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
-        self.fs.makedirs(f"{self.base}/{LAYOUT}/{key[:2]}", exist_ok=True)
+        self.fs.makedirs(folder, exist_ok=True)
+        tmp = f"{folder}/.{variant}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
         self.fs.pipe_file(tmp, blob)
-        self.fs.mv(tmp, path)
+        self.fs.mv(tmp, f"{folder}/{variant}{SUFFIX}")
 
     def check(self) -> None:
-        """Reach the store once (``RemoteError`` when it cannot be)."""
+        """Reach the store once (the transport's exception when it cannot be)."""
         if _is_local(self.fs):
             self.fs.makedirs(self.base, exist_ok=True)
         else:
@@ -172,7 +189,7 @@ class OciStore:
             raise UsageError(f"--build-cache {url}: name a repository, oci://HOST/REPOSITORY (each entry is a tag "
                              "in it), without a tag or digest")
         self._client = None
-        self._empty_uploaded = False
+        self._empty: dict | None = None  # the config descriptor, once its blob is uploaded
 
     @property
     def client(self):
@@ -182,38 +199,34 @@ class OciStore:
             self._client = _connect(self.ref)
         return self._client
 
-    def get(self, key: str) -> bytes | None:
-        from ..errors import RemoteError
-        from ..remote.oci import _blob_chunks, _get_manifest
+    def get(self, key: str) -> list[bytes]:
+        from ..remote.oci import _blob_chunks
 
         ref = self.ref.at(key)
-        found = _get_manifest(self.client, ref, missing_ok=True)
-        if found is None:
-            return None
-        _, document, _ = found
-        layers = [x for x in document.get("layers") or [] if x.get("mediaType") == ENTRY_MEDIA_TYPE]
-        if document.get("artifactType") != ENTRY_ARTIFACT or len(layers) != 1:
-            raise RemoteError(f"{ref} is not a kernelcache build-cache entry")
-        blob = b"".join(_blob_chunks(self.client, ref, layers[0]["digest"]))
-        if "sha256:" + _sha256(blob) != layers[0]["digest"]:
-            raise CorruptEntry(f"the layer of {ref} is not the blob its digest names")
-        return blob
+        found = []
+        for layer in self._layers(key):
+            blob = b"".join(_blob_chunks(self.client, ref, layer["digest"]))
+            if "sha256:" + hashlib.sha256(blob).hexdigest() != layer["digest"]:
+                raise CorruptEntry(f"a layer of {ref} is not the blob its digest names")
+            found.append(blob)
+        return found
 
-    def put(self, key: str, blob: bytes) -> None:
+    def put(self, key: str, variant: str, blob: bytes) -> None:
         import tempfile
 
         from ..remote.oci import OCI_MANIFEST, _canonical, _put_manifest, _upload
 
         ref = self.ref.at(key)
         with tempfile.TemporaryDirectory(prefix="kernelcache-entry-") as work:
-            empty, layer = Path(work) / "empty.json", Path(work) / f"{key}{SUFFIX}"
-            empty.write_bytes(b"{}")
-            layer.write_bytes(blob)
-            config = _upload(self.client, ref, empty, EMPTY_MEDIA_TYPE) if not self._empty_uploaded else {
-                "mediaType": EMPTY_MEDIA_TYPE, "digest": "sha256:" + _sha256(b"{}"), "size": 2}
-            self._empty_uploaded = True
-            document = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": ENTRY_ARTIFACT,
-                        "config": config, "layers": [_upload(self.client, ref, layer, ENTRY_MEDIA_TYPE)]}
+            path = Path(work) / f"{variant}{SUFFIX}"
+            path.write_bytes(blob)
+            layer = {**_upload(self.client, ref, path, ENTRY_MEDIA_TYPE), "annotations": {VARIANT_NOTE: variant}}
+            if self._empty is None:
+                (Path(work) / "empty.json").write_bytes(b"{}")
+                self._empty = _upload(self.client, ref, Path(work) / "empty.json", EMPTY_MEDIA_TYPE)
+        others = [x for x in self._layers(key) if (x.get("annotations") or {}).get(VARIANT_NOTE) != variant]
+        document = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": ENTRY_ARTIFACT,
+                    "config": self._empty, "layers": [layer, *others][:MAX_VARIANTS]}
         _put_manifest(self.client, ref, _canonical(document), OCI_MANIFEST)
 
     def check(self) -> None:
@@ -225,8 +238,16 @@ class OciStore:
         if response.status_code not in (200, 401):
             raise RemoteError(f"{self.ref.host} is not an OCI registry: {error_text(response)}")
 
+    def _layers(self, key: str) -> list[dict]:
+        """The entry layers of the key's manifest (none when the tag does not exist)."""
+        from ..errors import RemoteError
+        from ..remote.oci import _get_manifest
 
-def _sha256(data: bytes) -> str:
-    import hashlib
-
-    return hashlib.sha256(data).hexdigest()
+        ref = self.ref.at(key)
+        found = _get_manifest(self.client, ref, missing_ok=True)
+        if found is None:
+            return []
+        document = found[1]
+        if document.get("artifactType") != ENTRY_ARTIFACT:
+            raise RemoteError(f"{ref} is not a kernelcache build-cache entry")
+        return [x for x in document.get("layers") or [] if x.get("mediaType") == ENTRY_MEDIA_TYPE]
