@@ -66,8 +66,7 @@ def main(path: str) -> int:
     if job.mode == "cross":
         from . import fake_target
 
-        fake_target.activate(job.capability, job.sm_count, prebuild=job.prebuild,
-                             stub_dir=os.path.join(os.path.dirname(path), "libcuda-stub"))
+        fake_target.activate(job.capability, job.sm_count, prebuild=job.prebuild)
     failed = False
     for task in job.setup:
         results.append(_run_task(task))
