@@ -405,14 +405,16 @@ def _render_listing(listing) -> None:
 
 
 def _ls_build_cache(build_cache: str | None, as_json: bool) -> None:
+    from .bundle.inspect import human_size
     from .manage import ls_build_cache
 
     listing = ls_build_cache(build_cache)
     if as_json:
         _json(listing.to_dict())
         return
-    out.print(f"{listing.location}: {listing.entries} entries, {listing.size_on_disk_str} on disk; least recently "
-              f"used {_when(listing.oldest_use)}, most recently {_when(listing.newest_use)}", markup=False)
+    out.print(f"{listing.location}: {listing.entries} entries, {human_size(listing.size_on_disk)} on disk; "
+              f"least recently used {_when(listing.oldest_use)}, most recently {_when(listing.newest_use)}",
+              markup=False)
 
 
 def _when(seconds: float | None) -> str:

@@ -440,12 +440,6 @@ class BuildCacheListing:
     oldest_use: float | None  # when the least recently used entry was last written or reused
     newest_use: float | None
 
-    @property
-    def size_on_disk_str(self) -> str:
-        from .bundle.inspect import human_size
-
-        return human_size(self.size_on_disk)
-
     def to_dict(self) -> dict:
         return _plain(self)
 
