@@ -50,7 +50,7 @@ def build(args: list[str], out: Path, cache: str | None) -> dict:
     if done.returncode != 0:
         sys.exit(f"build failed ({done.returncode}): {' '.join(command)}\n{done.stderr[-3000:]}")
     targets = json.loads(done.stdout)
-    return {"wall_s": wall, "compiles": sum(t["compiles"] for t in targets),
+    return {"wall_s": wall, "load_avg_1m": os.getloadavg()[0], "compiles": sum(t["compiles"] for t in targets),
             "compile_s": sum(t["compile_seconds"] for t in targets),
             "reused": sum(t["build_cache"]["reused"] for t in targets),
             "kernels": [b["kernels"] for t in targets for b in t["bundles"]],
