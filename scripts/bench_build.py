@@ -102,14 +102,26 @@ def rebuild_round(opts, root: Path, with_vocab: bool) -> dict:
     args = recipe_args(opts)
     cold = build(args, root / "cold", str(cache))
     warm = build(args, root / "warm", str(cache))
-    if [Path(p).read_bytes() for p in cold["bundles"]] != [Path(p).read_bytes() for p in warm["bundles"]]:
-        sys.exit("the warm build's bundle differs from the cold build's")
+    warm["same_bytes"] = [Path(p).read_bytes() for p in cold["bundles"]] == [
+        Path(p).read_bytes() for p in warm["bundles"]]
+    warm["same_triton_members"] = _triton_members(cold["bundles"]) == _triton_members(warm["bundles"])
+    if not warm["same_triton_members"]:
+        sys.exit("the warm build's Triton kernels or modules differ from the cold build's")
     found = {"cold": cold, "warm": warm}
     if with_vocab:
         vocabs = opts.vocab or _recipe_vocabs()
         extra = ["--vocab", str(opts.extra_vocab)] + [w for v in vocabs for w in ("--vocab", str(v))]
         found["vocab"] = build(_without_vocabs(args) + extra, root / "vocab", str(cache))
     return found
+
+
+def _triton_members(bundles: list[str]) -> list[dict[str, bytes]]:
+    """Each bundle's members but its manifest and FlashInfer's module: nvcc names its temporary files by pid
+    (``tmpxft_<pid>_...``) and the module keeps those names, so two builds of it never have the same bytes."""
+    from kernelcache.bundle.archive import iter_members
+
+    return [{name: data for _, name, data in iter_members(b) if name != "manifest.json"
+             and not name.startswith("flashinfer/")} for b in bundles]
 
 
 def _recipe_vocabs() -> list[int]:
