@@ -30,6 +30,7 @@ _API = {
     "build": "kernelcache.build:build",
     "capture": "kernelcache.capture:capture",
     "verify": "kernelcache.verify:verify",
+    "tune": "kernelcache.tune:tune",
     "diff": "kernelcache.bundle.compare:diff",
     "merge": "kernelcache.bundle.compare:merge",
     "push": "kernelcache.remote.oci:push",
@@ -38,13 +39,16 @@ _API = {
     "ls": "kernelcache.manage:ls",
     "rm": "kernelcache.manage:rm",
     "prune": "kernelcache.manage:prune",
+    "recipes": "kernelcache.plan.catalog:recipes",
+    "sign": "kernelcache.bundle.signature:sign",
+    "signature_info": "kernelcache.bundle.signature:signature_info",
     "ls_build_cache": "kernelcache.manage:ls_build_cache",
     "prune_build_cache": "kernelcache.manage:prune_build_cache",
 }
 
 __all__ = ["__version__", "activate", "build", "capture", "diff", "env", "fetch", "inspect", "install", "ls",
-           "ls_build_cache", "merge", "pack", "plan_install", "prune", "prune_build_cache", "pull", "push", "rm", "run",
-           "verify"]
+           "ls_build_cache", "merge", "pack", "plan_install", "prune", "prune_build_cache", "pull", "push", "recipes",
+           "rm", "run", "sign", "signature_info", "tune", "verify"]
 
 if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load on first use
     from typing import Any
@@ -53,18 +57,21 @@ if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load
     from .bundle.compare import diff, merge
     from .bundle.inspect import inspect
     from .bundle.make import pack
+    from .bundle.signature import sign, signature_info
     from .capture import capture
     from .install import install, plan_install
     from .manage import ls, ls_build_cache, prune, prune_build_cache, rm
+    from .plan.catalog import recipes
     from .remote import fetch, pull
     from .remote.oci import push
     from .runtime.env import activate, env, run
+    from .tune import tune
     from .verify import verify
 
 
 class _Package(types.ModuleType):
-    """``build``, ``install``, ``capture`` and ``verify`` name both a verb and the module that holds it. Importing
-    such a module makes Python bind the module to the package's attribute; refused here, so
+    """``build``, ``install``, ``capture``, ``tune`` and ``verify`` name both a verb and the module that holds it.
+    Importing such a module makes Python bind the module to the package's attribute; refused here, so
     ``kernelcache.verify`` stays the verb however often it is called and whatever was imported before
     (``from kernelcache.verify import ...`` still reaches the module)."""
 

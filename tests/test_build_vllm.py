@@ -59,15 +59,24 @@ def test_the_same_build_twice_gives_the_same_bytes(tmp_path):
     # A small build is enough: what makes bytes reproducible (archive order, mtimes, build.reproducible_cc for the
     # gcc-built launchers and cuda_utils) does not depend on the target or the number of kernels, and rebuilding
     # the module's whole build would cost CI four more minutes.
+    # The second build signs its bundle inline (build --sign): the signature sits beside it, the bytes are the same.
+    from helpers.keys import write_pair
+
+    from kernelcache.bundle.signature import signature_info
+
+    key, public, fingerprint = write_pair(tmp_path, "ci")
     bundles = []
-    for run in ("first", "second"):
+    for run, sign in (("first", []), ("second", ["--sign", str(key)])):
         done = kc("build", "--arch", "sm_90", "--gpu", "h200", "--vocab", "151665", "--dtype", "float32", "--path",
-                  "mrv2", "--max-num-seqs", "4", "--mode", "cross", "-o", str(tmp_path / run), "--json", check=True,
-                  timeout=1200)
+                  "mrv2", "--max-num-seqs", "4", "--mode", "cross", "-o", str(tmp_path / run), "--json", *sign,
+                  check=True, timeout=1200)
         bundles.append(Path(json.loads(done.stdout)[0]["bundles"][0]["path"]))
     modules = {m.kind for m in archive.read_manifest(bundles[0]).modules}
     assert "cuda_utils" in modules  # a gcc-built module is among the bytes compared
     assert bundles[1].read_bytes() == bundles[0].read_bytes()
+    assert json.loads(done.stdout)[0]["signatures"][0]["signer"] == fingerprint
+    assert signature_info(bundles[1], (str(public),)).status == "trusted"
+    assert signature_info(bundles[0]).status == "unsigned"
 
 
 def test_build_lists_every_registry_variant(cross_build):

@@ -26,6 +26,7 @@ from kernelcache.bundle.manifest import (
     Module,
     Target,
     TritonIdentity,
+    Tuning,
     _plain,
 )
 from kernelcache.errors import BundleManifestError
@@ -40,6 +41,8 @@ def old_data(manifest: Manifest) -> dict:
         del data["triton_identity"]
     if manifest.target.device_keys is None:  # bundles whose kernels no device name decided keep their bytes
         del data["target"]["device_keys"]
+    if manifest.tuning is None:  # likewise bundles nobody tuned
+        del data["tuning"]
     return data
 
 
@@ -99,8 +102,10 @@ def manifests() -> list[Manifest]:
                                       DeviceTable("mamba", None, "h.json", None, None)),
                       {"h100-sxm": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"})
     device_keyed = dataclasses.replace(base, target=dataclasses.replace(base.target, device_keys=keys))
+    tuned = dataclasses.replace(base, tuning=Tuning("NVIDIA H200", "580.159.04", None, {"max_sm": 1980, "sm": 1755},
+                                                    (FileRecord("T" * 52 + "/k.autotune.json", 9, SHA),)))
     return [base, dataclasses.replace(base, triton_identity=identity), Manifest(base.target, base.environment,
-                                                                               base.build), device_keyed] + [
+                                                                               base.build), device_keyed, tuned] + [
         dataclasses.replace(base, kernels=(k,)) for k in unusual]
 
 

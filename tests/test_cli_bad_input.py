@@ -20,6 +20,7 @@ from helpers.common import clean_env, kc
 from kernelcache.bundle import archive
 from kernelcache.errors import (
     BaseUnusable,
+    KeyFileError,
     NotACacheDir,
     NotInstalled,
     RecipeError,
@@ -68,6 +69,10 @@ def case_setup(name: str, bundle: Path, tmp: Path) -> tuple[list[str], dict[str,
         "build into a path under a file": ([*BUILD, "-o", str(afile / "sub")], {}),
         "build from a miss log of numbers": ([*BUILD, "--from-misses", str(log), "-o", str(tmp / "b")], {}),
         "build a manifest named ../escaped": ([*BUILD, "--manifest", "ESCAPE", "-o", str(tmp / "b")], {}),
+        "build a recipe no one ships": ([*BUILD, "--recipe", "qwen9-1t", "-o", str(tmp / "b")], {}),
+        "build signed with a key that is not one": ([*BUILD, "--sign", str(afile), "-o", str(tmp / "b")], {}),
+        "push signed with a key that is not one": (["push", str(bundle), "oci://127.0.0.1:1/kc/x:v1", "--sign",
+                                                    str(afile)], {}),
         "pull into a path under a file": (["pull", bundle.as_uri(), "-o", str(afile / "sub")], {}),
         "pull from a refusing ftp server": (["pull", "ftp://127.0.0.1:1/x.tar.zst", "-o", str(tmp / "d")], {}),
         "run a directory": (["run", "--cache-dir", str(tmp / "c"), "--", str(tmp)], {}),
@@ -87,6 +92,8 @@ def case_setup(name: str, bundle: Path, tmp: Path) -> tuple[list[str], dict[str,
         "rm from a cache dir with a corrupt receipt": (["rm", "small-sm_90", "--cache-dir", "BROKEN"], {}),
         "ls a cache dir that does not exist": (["ls", "--cache-dir", str(tmp / "nowhere")], {}),
         "prune a dir that is not a cache dir": (["prune", "--cache-dir", str(tmp)], {}),
+        "tune a bundle into itself": (["tune", str(bundle), "-o", str(bundle)], {}),
+        "tune in a cache dir that holds files": (["tune", str(bundle), "--cache-dir", str(tmp)], {}),
     }
     return cases[name]
 
@@ -106,6 +113,9 @@ EXPECTED = {
     "build into a path under a file": (STORAGE, "afile"),
     "build from a miss log of numbers": (USAGE, "is not a kernelcache miss log"),
     "build a manifest named ../escaped": (MANIFEST, "must be a plain name"),
+    "build a recipe no one ships": (MANIFEST, "qwen9-1t: no such build recipe (shipped: vllm-sampler,"),
+    "build signed with a key that is not one": (KeyFileError.exit_code, "is not a PEM private key"),
+    "push signed with a key that is not one": (KeyFileError.exit_code, "is not a PEM private key"),
     "pull into a path under a file": (STORAGE, "cannot write"),
     "pull from a refusing ftp server": (REMOTE, "cannot connect"),
     "run a directory": (USAGE, "cannot run"),
@@ -122,6 +132,8 @@ EXPECTED = {
     "rm from a cache dir with a corrupt receipt": (NOT_A_CACHE, "is unreadable"),
     "ls a cache dir that does not exist": (NOT_A_CACHE, "does not exist"),
     "prune a dir that is not a cache dir": (NOT_A_CACHE, "is not a kernelcache cache dir"),
+    "tune a bundle into itself": (USAGE, "is the bundle being tuned"),
+    "tune in a cache dir that holds files": (USAGE, "must be absent or empty"),
 }
 
 

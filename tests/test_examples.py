@@ -9,6 +9,7 @@ Actions schema and build one bundle per arch/GPU that exists.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -209,6 +210,19 @@ def test_init_container_installs_into_the_volume_the_server_uses():
     assert credentials["readOnly"] and {"key": ".dockerconfigjson", "path": "config.json"} in secret["items"]
 
 
+def test_the_init_container_refuses_bundles_the_ci_key_did_not_sign():
+    [document] = deployments(DEPLOYMENT)
+    volumes = {v["name"]: v for v in document["spec"]["template"]["spec"]["volumes"]}
+    [init] = document["spec"]["template"]["spec"]["initContainers"]
+    assert "--require-signature" in init["command"]
+    key = option(init["command"], "--trusted-key")
+    mount = under(key, mounts_by_path(init))
+    assert mount["readOnly"] and "secret" in volumes[mount["name"]]  # an explicit file, mounted from a Secret
+    assert os.path.relpath(key, mount["mountPath"]) in {i["path"] for i in volumes[mount["name"]]["secret"]["items"]}
+    pushes = [c for c in workflow_commands() if c[:2] == ["kernelcache", "push"]]
+    assert pushes and all("--sign" in c for c in pushes)  # what the CI job pushes is what the init container takes
+
+
 def test_read_only_variant_mounts_an_image_volume_where_the_tree_was_installed():
     [document] = deployments(READONLY)
     volumes = {v["name"]: v for v in document["spec"]["template"]["spec"]["volumes"]}
@@ -270,7 +284,11 @@ def test_dockerfile_builds_without_gpu_and_serves_from_the_same_image():
             if keyword == "FROM" and rest not in ("scratch", "${VLLM_IMAGE}"):
                 assert rest in names, rest
     base = {name: instructions[0][1] for name, instructions in found.items()}
-    assert base["build"] == base["runtime"] == "${VLLM_IMAGE}"  # one fingerprint for build and serve
+    assert base["build"] == base["runtime"]  # one image, one fingerprint for build and serve
+    image = base["build"]
+    while image in found:
+        image = base[image]
+    assert image == "${VLLM_IMAGE}"
     build = [c for k, r in found["build"] if k == "RUN" for c in shell_commands(r)]
     assert any(c[:2] == ["kernelcache", "build"] and "--arch" in c for c in build)
     runtime = found["runtime"]

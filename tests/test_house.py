@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.fast
 ROOT = Path(__file__).resolve().parents[1]
 OWN_TEXT = [*ROOT.glob("kernelcache/**/*.py"), *ROOT.glob("scripts/**/*"), *ROOT.glob("docs/*.md"),
-            *ROOT.glob("cache-manifests/*.toml"), ROOT / "README.md"]
+            *ROOT.glob("kernelcache/recipes/**/*.toml"), ROOT / "README.md"]
 
 
 def test_comments_cite_nothing_outside_the_repository():
@@ -44,6 +44,7 @@ LAYERS = (
     ("runtime", ("kernelcache.runtime",)),
     ("manage", ("kernelcache.manage",)),  # ls / rm / prune: what install put in a cache dir, and what serves it
     ("verify", ("kernelcache.verify",)),
+    ("tune", ("kernelcache.tune",)),  # times a bundle's autotuned kernels: install, exercise and verify's plan
     ("cli", ("kernelcache.cli", "kernelcache.entry", "kernelcache.__main__")),
 )
 # Shared by every layer: the errors, the package (its __version__), and the bundle format's vocabulary --
@@ -56,7 +57,7 @@ BASE = ("kernelcache", "kernelcache.errors", "kernelcache.bundle.manifest", "ker
 # fingerprint key names: standard library only (test_the_shared_site_module_needs_only_the_standard_library),
 # so any layer may import it. (The import graph names it by its folder when imported as `from .site import`.)
 SHARED_SITE = ("kernelcache.runtime.site", "kernelcache.runtime.site.kernelcache_tritonkey",
-               "kernelcache.runtime.site.kernelcache_prebuilt")
+               "kernelcache.runtime.site.kernelcache_prebuilt", "kernelcache.runtime.site.kernelcache_autotune")
 
 
 def module_name(path: Path) -> str:
@@ -112,11 +113,13 @@ def test_nothing_is_imported_upward():
     assert not upward, "\n".join(upward)
 
 
-@pytest.mark.parametrize("module", ["kernelcache_tritonkey", "kernelcache_outputs", "kernelcache_prebuilt"])
+@pytest.mark.parametrize("module", ["kernelcache_tritonkey", "kernelcache_outputs", "kernelcache_prebuilt",
+                                    "kernelcache_autotune", "kernelcache_walks"])
 def test_the_shared_site_modules_need_only_the_standard_library(module):
     """They run in every served process, from the site dir alone: the standard library and each other."""
     site = ROOT / "kernelcache" / "runtime" / "site"
-    siblings = {"kernelcache_tritonkey", "kernelcache_outputs", "kernelcache_prebuilt"}
+    siblings = {"kernelcache_tritonkey", "kernelcache_outputs", "kernelcache_prebuilt", "kernelcache_autotune",
+                "kernelcache_walks"}
     found = set()
     for node in ast.walk(ast.parse((site / f"{module}.py").read_text())):
         if isinstance(node, ast.Import):
@@ -126,7 +129,7 @@ def test_the_shared_site_modules_need_only_the_standard_library(module):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             found |= {(node.module or "").split(".")[0]}
-    assert "os" in found  # the walk saw its imports
+    assert found - {"__future__"}  # the walk saw its imports
     assert found <= set(sys.stdlib_module_names) | {"__future__"} | siblings, found
 
 

@@ -173,6 +173,8 @@ PLAIN = [
     ["run", "cmd", "--cache-dir", "x"],
     ["run", "--bundle", "B", "--cache-dir", "D", "--", "cmd"],
     ["run", "--cache-dir=D", "cmd", "--", "y"],
+    ["install", "B", "--require-signature", "--trusted-key", "K1", "--trusted-key=K2"],
+    ["run", "--bundle", "B", "--trusted-key", "K", "--require-signature", "cmd"],
 ]
 NOT_PLAIN = [["install", "B", "--force"], ["install", "-h"], ["env", "--read-only"], ["env", "--json=1"],
              ["run", "--bundle"], ["inspect", "B"], ["--version"], []]
@@ -187,10 +189,11 @@ def test_a_plain_form_parses_as_click_parses_it(args, tmp_path, monkeypatch):
     (tmp_path / "B").write_text("")  # run's --bundle must exist for click
     verb, options, positionals = parse(args)
     params = cli.commands[verb].make_context(verb, args[1:]).params
-    names = {"--cache-dir": "cache_dir", "--json": "as_json", "--no-gpu-check": "no_gpu_check", "--bundle": "bundle"}
+    names = {"--cache-dir": "cache_dir", "--json": "as_json", "--no-gpu-check": "no_gpu_check", "--bundle": "bundle",
+             "--require-signature": "require_signature", "--trusted-key": "trusted_keys"}
     for flag, value in options.items():
-        assert params[names[flag]] == value, flag
-    assert all(params[names[f]] in (None, False) for f in _FORMS[verb] if f not in options)
+        assert params[names[flag]] == (tuple(value) if isinstance(value, list) else value), flag
+    assert all(params[names[f]] in (None, False, ()) for f in _FORMS[verb] if f not in options)
     expect = list(params["command"]) if verb == "run" else [params["bundle"]] if verb == "install" else []
     assert positionals == expect
 

@@ -1,7 +1,8 @@
-"""Build manifests: the default one, CLI overrides, and clear errors for bad files."""
+"""Build recipes: the shipped ones (by name), CLI overrides, and clear errors for bad files."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -140,7 +141,7 @@ def write_config(tmp_path, data: dict, folder: str = "Qwen3-30B-A3B"):
 def test_model_recipes_ship_and_round_trip():
     from kernelcache.plan.tasks import plan_units
 
-    shipped = {p.stem: plan_file.load(p) for p in sorted(plan_file.DEFAULT_RECIPE.parent.glob("models/*.toml"))}
+    shipped = {p.stem: plan_file.load(p.stem) for p in sorted(plan_file.RECIPES.glob("models/*.toml"))}
     assert {"qwen3-30b-a3b", "llama-3.1-8b", "llama-3.1-8b-eagle3", "llama-3.1-8b-triton-attn"} <= set(shipped)
     for plan in shipped.values():
         assert plan_file.BuildPlan.from_dict(plan.to_dict()) == plan
@@ -152,6 +153,43 @@ def test_model_recipes_ship_and_round_trip():
                            "dtype": "bfloat16", "max_num_batched_tokens": 8192, "tensor_parallel_size": 1}
     assert not [u for u in plan_units(shipped["llama-3.1-8b"]) if u[0] == "model"]
     assert shipped["llama-3.1-8b-eagle3"].num_speculative_tokens == 3
+
+
+def test_a_shipped_recipe_is_taken_by_name_and_recorded_relative_to_the_package():
+    plan = plan_file.load("qwen3-30b-a3b")
+    assert plan.source == "kernelcache/recipes/models/qwen3-30b-a3b.toml"  # the same in every install
+    assert plan_file.load() == plan_file.load("vllm-sampler") == plan_file.load(plan_file.RECIPES / "vllm-sampler.toml")
+    assert plan_file.load().source == "kernelcache/recipes/vllm-sampler.toml"
+
+
+def test_every_shipped_recipe_is_named_after_its_file_and_listed():
+    from kernelcache.plan.catalog import Catalog, recipes
+
+    shipped = plan_file.shipped()
+    assert next(iter(shipped)) == plan_file.DEFAULT_RECIPE
+    assert len(shipped) == len(list(plan_file.RECIPES.rglob("*.toml")))  # no two files share a name
+    assert all(plan_file.load(name).name == name for name in shipped)  # the bundle's file name is the recipe's
+    catalog = recipes()
+    assert [r.name for r in catalog.recipes] == list(shipped)
+    assert Catalog.from_dict(catalog.to_dict()) == catalog
+    by_name = {r.name: r for r in catalog.recipes}
+    assert by_name["qwen3-30b-a3b"].model == "Qwen3MoeForCausalLM" and "moe" in by_name["qwen3-30b-a3b"].paths
+    assert by_name["vllm-sampler"].model is None and len(by_name["vllm-sampler"].vocabs) == 8
+    listed = kc("recipes", "--json", check=True)
+    assert Catalog.from_dict(json.loads(listed.stdout)) == catalog
+    table = kc("recipes", check=True).stdout
+    assert all(name in table for name in shipped)
+
+
+def test_an_unknown_recipe_name_lists_the_shipped_ones(tmp_path, monkeypatch):
+    with pytest.raises(RecipeError, match=r"no-such-model: no such build recipe \(shipped: vllm-sampler, .*qwen3-30b"):
+        plan_file.load("no-such-model")
+    done = kc("build", "--arch", "sm_90", "--recipe", "no-such-model", "-o", str(tmp_path / "out"))
+    assert done.returncode == RecipeError.exit_code and "no such build recipe (shipped:" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").write_text(GOOD)  # a plain word that names no shipped recipe but a file here
+    assert plan_file.load("mine").name == "small"
 
 
 def test_model_config_drives_the_plan(tmp_path):
@@ -203,14 +241,14 @@ def test_moe_needs_a_moe_model_and_a_dividing_tp(tmp_path):
 
 
 def test_moe_targets_split_by_product_name(tmp_path):
-    plan = plan_file.load(plan_file.DEFAULT_RECIPE.parent / "models" / "qwen3-30b-a3b.toml")
+    plan = plan_file.load("qwen3-30b-a3b")
     cross = plan_targets(plan, "sm_90", "cross", [])
     assert [[p.name for p in t.profiles] for t in cross] == [["h100-sxm"], ["h200"]]
     assert len({t.label for t in cross}) == 2
     sampler = plan.override(paths=["mrv2"])
     assert [[p.name for p in t.profiles] for t in plan_targets(sampler, "sm_90", "cross", [])] == [["h100-sxm", "h200"]]
     # mamba too: selective_state_update's configs are read by device name
-    nemotron = plan_file.load(plan_file.DEFAULT_RECIPE.parent / "models" / "nemotron-h-8b.toml")
+    nemotron = plan_file.load("nemotron-h-8b")
     assert [[p.name for p in t.profiles] for t in plan_targets(nemotron, "sm_90", "cross", [])] == [["h100-sxm"],
                                                                                                    ["h200"]]
     # a native build makes bundles only for the visible GPU's product, and says so when none is requested
@@ -250,7 +288,7 @@ def test_triton_attention_backend_adds_the_attention_path(tmp_path):
     with pytest.raises(UsageError, match="kv_cache_dtype auto only"):
         plan.override(kv_cache_dtype="fp8")
     assert plan.override(attention_backend="FLASH_ATTN", kv_cache_dtype="fp8").kv_cache_dtype == "fp8"
-    shipped = plan_file.load(plan_file.DEFAULT_RECIPE.parent / "models" / "llama-3.1-8b-triton-attn.toml")
+    shipped = plan_file.load("llama-3.1-8b-triton-attn")
     assert shipped.attention_backend == "TRITON_ATTN" and len(attention_kwargs(shipped)) == 1
 
 
@@ -313,7 +351,7 @@ def test_a_hybrid_model_adds_the_mamba_path_with_its_architectures_names(tmp_pat
     [kwargs] = mamba_kwargs(granite)
     assert (kwargs["mamba_num_heads"], kwargs["n_groups"], kwargs["chunk_size"], kwargs["mamba_ssm_cache_dtype"]) == (
         48, 1, 256, "auto")
-    shipped = plan_file.load(plan_file.DEFAULT_RECIPE.parent / "models" / "nemotron-h-8b.toml")
+    shipped = plan_file.load("nemotron-h-8b")
     assert mamba_kwargs(shipped)[0]["mamba_num_heads"] == 128 and "moe" not in shipped.paths
 
 
@@ -346,5 +384,5 @@ def test_mrv2_spec_decode_runs_with_drafts(tmp_path):
     assert "mrv2_spec_decode" in default.paths and not spec(default)  # every path, no drafts: no task
     with pytest.raises(UsageError, match="the mrv2_spec_decode path needs num_speculative_tokens >= 1"):
         plan_file.load().override(paths=["mrv2", "mrv2_spec_decode"])
-    shipped = plan_file.load(plan_file.DEFAULT_RECIPE.parent / "models" / "llama-3.1-8b-eagle3.toml")
+    shipped = plan_file.load("llama-3.1-8b-eagle3")
     assert spec(shipped) and "mrv1_spec_decode" in shipped.paths

@@ -21,7 +21,7 @@ import kernelcache, kernelcache.cli, kernelcache.remote, kernelcache.bundle.comp
 sys.argv = ['kernelcache', *{argv!r}]
 kernelcache.cli.main()
 """
-OPTIONAL = ("oras", "fsspec", "aiohttp", "requests", "yaml", "torch", "triton", "vllm", "flashinfer")
+OPTIONAL = ("oras", "fsspec", "aiohttp", "requests", "yaml", "torch", "triton", "vllm", "flashinfer", "cryptography")
 
 
 def run_blocked(*argv: str, blocked=OPTIONAL) -> subprocess.CompletedProcess:
@@ -53,3 +53,23 @@ def test_file_urls_and_diff_need_no_extra(bundle90, tmp_path):
     assert (tmp_path / bundle90.name).read_bytes() == bundle90.read_bytes()
     done = run_blocked("diff", str(bundle90), str(bundle90), blocked={"oras", "fsspec", "requests"})
     assert done.returncode == 0 and "identical" in done.stdout
+
+
+def test_signatures_need_the_sign_extra_only_where_one_is_checked(small_bundle, tmp_path):
+    from helpers.keys import write_pair
+
+    key, public, _ = write_pair(tmp_path, "k")
+    bundle = tmp_path / "b.tar.zst"
+    bundle.write_bytes(small_bundle.read_bytes())
+    env_free = ["--cache-dir", str(tmp_path / "c"), "--no-gpu-check"]
+    done = run_blocked("install", str(bundle), *env_free, blocked={"cryptography"})
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr  # unsigned: nothing to check
+    done = run_blocked("sign", str(bundle), "--key", str(key), blocked={"cryptography"})
+    assert done.returncode == MissingDependency.exit_code and "kernelcache[sign]" in done.stderr
+    subprocess.run([sys.executable, "-m", "kernelcache", "sign", str(bundle), "--key", str(key)], check=True,
+                   env=clean_env(), capture_output=True)
+    done = run_blocked("install", str(bundle), *env_free, blocked={"cryptography"})
+    assert done.returncode == 0 and "unverifiable: signatures need the cryptography package" in done.stderr
+    done = run_blocked("install", str(bundle), *env_free, "--require-signature", "--trusted-key", str(public),
+                       blocked={"cryptography"})
+    assert done.returncode == MissingDependency.exit_code and "kernelcache[sign]" in done.stderr

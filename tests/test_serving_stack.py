@@ -2,7 +2,7 @@
 
 Two separate serving-stack venvs, both made by scripts/setup.sh with STACK=serving (vLLM 0.33.0's own
 dependency set: torch 2.14.0, triton 3.8.0, flashinfer-python 0.7.2.post1):
-  KERNELCACHE_SERVING_VENV   builds (like the Dockerfile's build stage and the workflow's job)
+  KERNELCACHE_SERVING_VENV   builds
   KERNELCACHE_SERVING_VENV2  a plain `pip install vllm==0.33.0` + kernelcache, where bundles are installed
 This test process runs on the lab stack (triton 3.6.0): its bundles must be refused in the serving venv.
 Without the two venvs these tests skip, except under CI=true or KERNELCACHE_REQUIRE_SERVING=1, where
@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,9 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 from helpers.common import SERVED, clean_env, kc
-from test_examples import DOCKERFILE, WORKFLOW, dockerfile_instructions, shell_commands, stages
 
 from kernelcache.bundle.fingerprint import package_version
 
@@ -98,134 +95,64 @@ def test_both_venvs_are_vllm_0_33s_own_stack(builder, server):
                               capture_output=True, text=True).stdout.strip() == "(3, 12)"
 
 
-# -- the examples, run: the workflow's build step, the Dockerfile's build and runtime stages --------------
-# One serving build serves every check below: the examples' `kernelcache build --arch sm_90 --gpu h200` with
-# `--vocab 128256` added (one vocab of the default manifest, every path, FlashInfer included; the manifest's
-# eight vocabs would take CI's whole time budget). Nothing else in the commands is changed.
-
-
-def dockerfile_args() -> dict[str, str]:
-    """The ARG defaults declared before the first FROM (ARCH, GPU, ...)."""
-    args = {}
-    for keyword, rest in dockerfile_instructions(DOCKERFILE):
-        if keyword == "FROM":
-            break
-        if keyword == "ARG" and "=" in rest:
-            name, _, value = rest.partition("=")
-            args[name] = value
-    return args
-
-
-def stage_commands(stage: str, args: dict[str, str], paths: dict[str, Path]) -> list[list[str]]:
-    """The stage's RUN commands with its ARGs filled in and absolute container paths mapped to ``paths``."""
-    commands = []
-    for keyword, rest in stages()[stage]:
-        if keyword != "RUN":
-            continue
-        text = re.sub(r"^(--\S+\s+)+", "", rest)
-        text = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], text)
-        for container_path, local in paths.items():
-            text = text.replace(container_path, str(local))
-        commands += shell_commands(text)
-    return commands
-
-
-def workflow_build_commands(matrix: dict[str, str]) -> list[list[str]]:
-    job = yaml.safe_load(WORKFLOW.read_text())["jobs"]["bundle"]
-    [step] = [s for s in job["steps"] if s.get("name") == "Build the bundle"]
-    text = re.sub(r"\$\{\{\s*matrix\.(\w+)\s*\}\}", lambda m: matrix[m.group(1)], step["run"])
-    return shell_commands(text)
-
-
-def one_vocab(command: list[str]) -> list[str]:
-    return [*command, "--vocab", VOCAB] if command[:2] == ["kernelcache", "build"] else command
-
-
-def without_output(command: list[str]) -> list[str]:
-    words = list(command)
-    for flag in ("-o", "--output-dir"):
-        if flag in words:
-            del words[words.index(flag):words.index(flag) + 2]
-    return words
-
-
-def run_example(venv: Venv, command: list[str], cwd: Path,
-                env: dict | None = None) -> subprocess.CompletedProcess | None:
-    """A kernelcache command runs in ``venv``; pip-installing kernelcache is what the venv already did."""
-    if command[:2] == ["pip", "install"]:
-        assert any(w.startswith(("kernelcache==", "kernelcache[")) for w in command), command
-        return None  # this checkout is installed in the venv; the release on PyPI is not this code
-    assert command[0] == "kernelcache", command
-    return ok(venv.kernelcache(*command[1:], cwd=cwd, env=env, timeout=3000))
+# -- one vocab of the default recipe with every path (FlashInfer's module included), built in one serving venv and
+# installed in the other (the recipe's eight vocabs would take CI's whole time budget; the examples, which build
+# less, run verbatim in tests/test_examples_run.py)
 
 
 @dataclass(frozen=True)
-class Example:
-    bundle: Path  # the Dockerfile's /bundles/vllm-sampler-<ARCH>-<GPU>.tar.zst
-    cache: Path  # the Dockerfile's /opt/kernelcache/cache, installed by its runtime stage in the second venv
+class DefaultBuild:
+    bundle: Path  # vllm-sampler-<ARCH>-<GPU>.tar.zst
+    cache: Path  # where the second venv installed it
     build: subprocess.CompletedProcess
     install: subprocess.CompletedProcess
 
 
 @pytest.fixture(scope="module")
-def example(builder, server, tmp_path_factory) -> Example:
-    """The workflow's build step (first matrix entry) in the builder venv, with no CUDA toolchain fetched
-    yet; the Dockerfile's build stage (the same build command: its bundle is that one) and its runtime
-    stage, whose `kernelcache install` runs in the second serving venv."""
-    work = tmp_path_factory.mktemp("examples")
-    matrix = yaml.safe_load(WORKFLOW.read_text())["jobs"]["bundle"]["strategy"]["matrix"]["include"][0]
-    args = dockerfile_args()
-    assert (matrix["arch"], matrix["gpu"]) == (args["ARCH"], args["GPU"])
-    paths = {"/bundles": work / "bundles", "/opt/kernelcache/cache": work / "cache"}
-    workflow, build_stage = workflow_build_commands(matrix), stage_commands("build", args, paths)
-    builds = [without_output(c) for c in workflow + build_stage if c[:2] == ["kernelcache", "build"]]
-    assert len(builds) == 2 and builds[0] == builds[1], builds
-
-    job = work / "job"
-    job.mkdir()
-    done = [run_example(builder, one_vocab(c), job, env={"KERNELCACHE_TOOLCHAIN_DIR": str(work / "toolchains")})
-            for c in workflow]
-    build = next(d for c, d in zip(workflow, done) if c[:2] == ["kernelcache", "build"])
-    shutil.copytree(job / "bundles", paths["/bundles"])  # the build stage's build is that same command
-    for command in build_stage:
-        if command[:2] != ["kernelcache", "build"]:
-            run_example(builder, command, work)
-    installs = [run_example(server, c, work) for c in stage_commands("runtime", args, paths)]
-    install = next(d for d in installs if d is not None and " entries into " in d.stdout)
-    return Example(paths["/bundles"] / f"vllm-sampler-{args['ARCH']}-{args['GPU']}.tar.zst",
-                   paths["/opt/kernelcache/cache"], build, install)
+def default_build(builder, server, tmp_path_factory) -> DefaultBuild:
+    """`kernelcache build` of the default recipe for one vocab in the builder venv, with no CUDA toolchain fetched
+    yet, run from a directory of its own; `kernelcache install` of its bundle in the second serving venv."""
+    work = tmp_path_factory.mktemp("default-build")
+    (work / "job").mkdir()
+    build = ok(builder.kernelcache("build", "--arch", ARCH, "--gpu", GPU, "--vocab", VOCAB, "-o", "bundles",
+                                   cwd=work / "job", env={"KERNELCACHE_TOOLCHAIN_DIR": str(work / "toolchains")},
+                                   timeout=3000))
+    bundle = work / "job" / "bundles" / f"vllm-sampler-{ARCH}-{GPU}.tar.zst"
+    install = ok(server.kernelcache("install", str(bundle), "--cache-dir", str(work / "cache")))
+    return DefaultBuild(bundle, work / "cache", build, install)
 
 
-def test_build_fetches_its_toolchain_and_covers_every_path(example):
-    assert "fetching the CUDA 13.0.88 build toolchain" in example.build.stderr
-    assert "toolchain ready" in example.build.stderr
-    manifest = json.loads(kc("inspect", str(example.bundle), "--json", check=True).stdout)
+def test_build_fetches_its_toolchain_and_covers_every_path(default_build):
+    assert "fetching the CUDA 13.0.88 build toolchain" in default_build.build.stderr
+    assert "toolchain ready" in default_build.build.stderr
+    manifest = json.loads(kc("inspect", str(default_build.bundle), "--json", check=True).stdout)
     assert manifest["environment"]["triton"] == "3.8.0" and manifest["environment"]["python"] == "cp312"
     assert [m["name"] for m in manifest["flashinfer"]] == ["sampling"]
     paths = {p for cov in manifest["build"]["coverage"].values() for p in cov["by_path"]}
     assert {"registry", "mrv1", "mrv2"} <= paths and len(manifest["kernels"]) > 0
 
 
-def test_runtime_stage_installs_it_in_another_serving_venv_and_verify_sees_no_compile(example, server):
-    assert re.search(r"installed \d+ entries", example.install.stdout), example.install.stdout
-    verified = ok(server.kernelcache("verify", str(example.bundle), "--cache-dir", str(example.cache), timeout=3000))
+def test_it_installs_in_another_serving_venv_and_verify_sees_no_compile(default_build, server):
+    assert re.search(r"installed \d+ entries", default_build.install.stdout), default_build.install.stdout
+    verified = ok(server.kernelcache("verify", str(default_build.bundle), "--cache-dir", str(default_build.cache),
+                                     timeout=3000))
     assert re.search(r"\b[1-9]\d* hits, 0 compiles, 0 gcc builds,", verified.stdout), verified.stdout
 
 
-def test_a_process_served_from_it_takes_the_kept_triton_key(example, server):
-    """Triton 3.8's triton_key(), kept by the runtime stage's install, served by `kernelcache run` in that venv."""
-    done = ok(server.kernelcache("run", "--cache-dir", str(example.cache), "--", str(server.root / "bin" / "python"),
-                                 "-c", SERVED))
+def test_a_process_served_from_it_takes_the_kept_triton_key(default_build, server):
+    """Triton 3.8's triton_key(), kept by its install, served by `kernelcache run` in that venv."""
+    python = str(server.root / "bin" / "python")
+    done = ok(server.kernelcache("run", "--cache-dir", str(default_build.cache), "--", python, "-c", SERVED))
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"seeded": True, "equal": True, "read_libtriton": False}
 
 
-def test_a_served_process_takes_the_bundles_cuda_utils_for_its_own_install_paths(example, server, tmp_path):
+def test_a_served_process_takes_the_bundles_cuda_utils_for_its_own_install_paths(default_build, server, tmp_path):
     """Triton 3.8 keys cuda_utils by the install paths, so the install venv misses the builder's and would build
     it with gcc (CC=/bin/false here: that fails); under `kernelcache run` the bundle's module is taken."""
     from test_prebuilt_helpers import libcuda_stub, probe
 
     cache, python = tmp_path / "cache", str(server.root / "bin" / "python")
-    ok(server.kernelcache("install", str(example.bundle), "--cache-dir", str(cache)))
+    ok(server.kernelcache("install", str(default_build.bundle), "--cache-dir", str(cache)))
     stub = libcuda_stub(python, tmp_path / "stub")
     plain = probe(python, cache, stub, served=False)
     assert plain["served"] == [] and "CalledProcessError" in plain["error"]

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 
-from helpers.common import ROOT, kc
+from helpers.common import kc
 
 from kernelcache.bundle import archive
 
-RECIPE = str(ROOT / "cache-manifests" / "vllm-sampler.toml")
+RECIPE = "vllm-sampler"  # the shipped default recipe, by name
 NOTHING = ("--recipe", RECIPE, "--gpu", "h200", "--path", "registry", "--path", "mrv1", "--dtype", "bfloat16")
 
 

@@ -7,7 +7,9 @@ so a diff of two large bundles costs two small reads.
 
 A merge refuses, with ``MergeConflict``, bundles whose fingerprints or targets differ (their
 kernels would not hit in one environment) and cache keys whose bytes differ between A and B (one
-of them would silently win). Otherwise the members of both, verified, go into one new bundle.
+of them would silently win). Otherwise the members of both, verified, go into one new bundle. Autotune
+choices (``kernelcache tune``) come along from the side that has them; two sides that both have choices
+merge only when they were timed on the same GPU, driver and clocks (one record stamps them all).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from .. import __version__
 from ..errors import MergeConflict, UsageError
 from .archive import bundle_digest, extract, read_manifest, source_date_epoch, write
-from .manifest import Build, Environment, FlashInferModule, Kernel, Manifest, Module
+from .manifest import AUTOTUNE_SUFFIX, Build, Environment, FlashInferModule, Kernel, Manifest, Module, Tuning
 
 # Environment fields that pick cache keys or kernel sources; torch is recorded but in no key.
 FINGERPRINT_FIELDS = ("python", "platform", "triton", "triton_key_sha256", "ptxas", "env_vars", "vllm", "flashinfer")
@@ -111,7 +113,7 @@ def diff_manifests(a: Manifest, b: Manifest) -> BundleDiff:
     target = tuple(_changes("target", dataclasses.asdict(a.target), dataclasses.asdict(b.target)))
     environment = tuple(environment_changes(a.environment, b.environment))
     entries = (*_kernel_changes(a.kernels, b.kernels), *_module_changes(a.modules, b.modules),
-               *_flashinfer_changes(a.flashinfer, b.flashinfer))
+               *_flashinfer_changes(a.flashinfer, b.flashinfer), *_choice_changes(a.tuning, b.tuning))
     return BundleDiff(a, b, target, environment, tuple(entries))
 
 
@@ -208,6 +210,23 @@ def _flashinfer_changes(a: Iterable[FlashInferModule], b: Iterable[FlashInferMod
     return changes
 
 
+def _choice_changes(a: Tuning | None, b: Tuning | None) -> list[EntryChange]:
+    """Autotune files on one side only, or with other bytes (kind ``autotune``, detail: where they were timed)."""
+    left = {f.path: f for f in a.files} if a else {}
+    right = {f.path: f for f in b.files} if b else {}
+    changes = []
+    for path in sorted(set(left) | set(right)):
+        key, _, name = path.partition("/")
+        kernel = name.removesuffix(AUTOTUNE_SUFFIX)
+        if path not in right:
+            changes.append(EntryChange("removed", "autotune", kernel, key, f"timed on {a.where()}"))
+        elif path not in left:
+            changes.append(EntryChange("added", "autotune", kernel, key, f"timed on {b.where()}"))
+        elif left[path] != right[path] or a.where() != b.where():
+            changes.append(EntryChange("changed", "autotune", kernel, key, f"timed on {a.where()} vs {b.where()}"))
+    return changes
+
+
 def _files_detail(a, b) -> str:
     left, right = {f.path: f for f in a.files}, {f.path: f for f in b.files}
     differing = sorted(p for p in set(left) | set(right) if left.get(p) != right.get(p))
@@ -279,8 +298,24 @@ def merge_manifests(a: Manifest, b: Manifest) -> tuple[Manifest, list[str]]:
                   skipped=tuple(_dedupe([*a.build.skipped, *b.build.skipped])))
     identity = a.triton_identity if a.triton_identity == b.triton_identity else None  # else neither speaks for both
     merged = Manifest(target=a.target, environment=a.environment, build=build, kernels=kernels,
-                      modules=modules, flashinfer=flashinfer, triton_identity=identity)
+                      modules=modules, flashinfer=flashinfer, triton_identity=identity,
+                      tuning=_merged_tuning(a.tuning, b.tuning))
     return merged, warnings
+
+
+def _merged_tuning(a: Tuning | None, b: Tuning | None) -> Tuning | None:
+    """The choices of the side that has them, or of both sides when one GPU, driver and clocks timed them."""
+    if a is None or b is None:
+        return a or b
+    if (a.product, a.driver, a.cuda, a.clocks) != (b.product, b.driver, b.cuda, b.clocks):
+        raise MergeConflict(f"the bundles' autotune choices were timed on {a.where()} and on {b.where()}; a bundle "
+                            "stamps its choices with one GPU: merge the untuned bundle into one of them instead")
+    files = {f.path: f for f in a.files}
+    for record in b.files:
+        if files.setdefault(record.path, record) != record:
+            raise MergeConflict(f"autotune choice {record.path} has different bytes in the two bundles; refusing to "
+                                "pick one")
+    return dataclasses.replace(a, files=tuple(files[path] for path in sorted(files)))
 
 
 def _union(what: str, a, b, key, prefer=None) -> tuple:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..errors import MissingDependency
 from .envscan import OPTION_ENV_VARS
-from .manifest import DeviceKeys, Environment, Manifest, Target, arch_to_capability
+from .manifest import DeviceKeys, Environment, Manifest, Target, Tuning, arch_to_capability
 
 
 def python_tag() -> str:
@@ -196,6 +196,19 @@ def compare_gpu(target: Target, gpus: list, keys: DeviceKeys | None = None) -> l
                 )
             )
     return diffs
+
+
+def choices_refusal(tuning: Tuning | None, gpus: list) -> str | None:
+    """Why a bundle's autotune choices must not be installed where ``gpus`` are visible: they were timed on another
+    product, whose timings pick configs for its own clocks, memory and SM layout (Triton's key for them names the
+    arch, not the product). None when there are none, no GPU is visible to tell, or every GPU is that product."""
+    if tuning is None:
+        return None
+    other = sorted({g.name for g in gpus if g.name != tuning.product})
+    if not other:
+        return None
+    return (f"autotune choices skipped: timed on {tuning.product}, this GPU is {other[0]}; the kernels are "
+            "installed and Triton times the autotuned ones at first launch")
 
 
 def device_note(keys: DeviceKeys) -> str:

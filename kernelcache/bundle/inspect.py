@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .archive import Limits, bundle_digest, read_manifest
 from .manifest import Manifest
+from .signature import SignatureInfo, signature_info
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class BundleInfo:
     manifest: Manifest
     digest: str
     compressed_size: int
+    signature: SignatureInfo  # who signed it (B.tar.zst.sig beside it), checked with the key each signature carries
 
     @property
     def kernels(self) -> list[KernelSummary]:
@@ -38,8 +40,9 @@ class BundleInfo:
         ]
 
     def to_dict(self) -> dict:
-        """The manifest, with the bundle's digest and compressed size (``kernelcache inspect --json``)."""
-        return {"digest": self.digest, "compressed_size": self.compressed_size, **self.manifest.to_dict()}
+        """The manifest, with the bundle's digest, compressed size and signature (``kernelcache inspect --json``)."""
+        return {"digest": self.digest, "compressed_size": self.compressed_size,
+                "signature": self.signature.to_dict(), **self.manifest.to_dict()}
 
     @property
     def module_counts(self) -> dict[str, int]:
@@ -49,10 +52,13 @@ class BundleInfo:
         return dict(counts)
 
 
-def inspect(bundle: str | os.PathLike, limits: Limits | None = None) -> BundleInfo:
+def inspect(bundle: str | os.PathLike, limits: Limits | None = None,
+            trusted_keys: tuple[str, ...] = ()) -> BundleInfo:
+    """What ``bundle`` holds, and who signed it (with ``trusted_keys``, checked against those key files)."""
     path = Path(bundle)
     manifest = read_manifest(path, limits)
-    return BundleInfo(path, manifest, bundle_digest(manifest), path.stat().st_size)
+    return BundleInfo(path, manifest, bundle_digest(manifest), path.stat().st_size,
+                      signature_info(path, trusted_keys))
 
 
 def human_size(size: float) -> str:

@@ -3,7 +3,8 @@
 A manifest pins everything a Triton cache key depends on (``Environment``), names the target
 (``Target``), and lists every file of the bundle with its size and sha256, grouped by what it is:
 a compiled kernel (``Kernel``), a C helper module Triton builds with gcc (``Module``: launchers and
-``cuda_utils``), or a FlashInfer JIT module (``FlashInferModule``). docs/FORMAT.md is the reference.
+``cuda_utils``), a FlashInfer JIT module (``FlashInferModule``), or an autotune choice ``kernelcache tune``
+timed on a GPU (``Tuning``). docs/FORMAT.md is the reference.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BundleManifestError, UsageError
+from ..runtime.site.kernelcache_autotune import SUFFIX as AUTOTUNE_SUFFIX
 from . import canonical
 
 FORMAT_VERSION = 1
@@ -167,6 +169,33 @@ class TritonIdentity:
 
 
 @dataclass(frozen=True)
+class Tuning:
+    """Autotune choices and the GPU they were timed on (the manifest's ``tuning``, written by ``kernelcache tune``).
+
+    ``files`` are Triton's own ``<key>/<kernel>.autotune.json`` files (``Autotuner.check_disk_cache``): the
+    timings of every candidate config under a key that hashes Triton, the target, the kernel source, the set
+    cache-invalidating variables, the tuning key and the candidate list, but not the GPU product. So the
+    product they were timed on is recorded here, and ``install`` installs them only where it is the GPU's."""
+
+    product: str  # the GPU's name as the driver reports it ("NVIDIA H200")
+    driver: str | None  # the NVIDIA driver's version ("580.159.04"); None where nvidia-smi was not there
+    cuda: str | None  # the CUDA version the driver supports ("13.0", cuDriverGetVersion)
+    clocks: dict[str, int]  # MHz: "sm" / "memory" (application clocks), "max_sm" / "max_memory"
+    files: tuple[FileRecord, ...]
+
+    def kernels(self) -> list[str]:
+        """The kernels that have a choice, by name (one per file; a kernel tuned for several keys repeats)."""
+        return [f.path.rsplit("/", 1)[-1].removesuffix(AUTOTUNE_SUFFIX) for f in self.files]
+
+    def where(self) -> str:
+        """Where the choices were timed, in one line."""
+        clocks = ", ".join(f"{k} {v} MHz" for k, v in sorted(self.clocks.items()))
+        parts = [f"driver {self.driver}" if self.driver else None, f"CUDA {self.cuda}" if self.cuda else None,
+                 clocks or None]
+        return f"{self.product} ({'; '.join(p for p in parts if p) or 'no driver details'})"
+
+
+@dataclass(frozen=True)
 class Manifest:
     target: Target
     environment: Environment
@@ -176,11 +205,15 @@ class Manifest:
     flashinfer: tuple[FlashInferModule, ...] = ()
     format_version: int = FORMAT_VERSION
     triton_identity: TritonIdentity | None = None  # bundle/identity.py; left out of the JSON when None
+    tuning: Tuning | None = None  # autotune choices (kernelcache tune); left out of the JSON when None
 
-    def files(self) -> Iterator[FileRecord]:
+    def files(self, choices: bool = True) -> Iterator[FileRecord]:
+        """Every member (``choices``: the autotune files too; an install that skips them publishes the rest)."""
         for group in (self.kernels, self.modules, self.flashinfer):
             for item in group:
                 yield from item.files
+        if choices and self.tuning is not None:
+            yield from self.tuning.files
 
     def file_map(self) -> dict[str, FileRecord]:
         return {f.path: f for f in self.files()}
@@ -217,6 +250,8 @@ class Manifest:
             del data["triton_identity"]
         if self.target.device_keys is None:  # likewise: bundles whose kernels no device name decided
             del data["target"]["device_keys"]
+        if self.tuning is None:  # likewise: bundles nobody tuned
+            del data["tuning"]
         return data
 
     def to_json(self) -> bytes:
@@ -251,6 +286,7 @@ class Manifest:
                 modules=tuple(_build(Module, m, files=_records) for m in data.get("modules", ())),
                 flashinfer=tuple(flashinfer_module(m) for m in data.get("flashinfer", ())),
                 triton_identity=identity_record(data.get("triton_identity")),
+                tuning=tuning_record(data.get("tuning")),
             ))
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleManifestError(f"manifest.json is malformed: {type(exc).__name__}: {exc}") from None
@@ -327,6 +363,19 @@ def device_keys(data: Any) -> DeviceKeys | None:
     if not all(isinstance(s, str) for s in (keys.device, *keys.serves, *keys.serves.values())):
         raise ValueError("target.device_keys holds a value that is not a string")
     return keys
+
+
+def tuning_record(data: Any) -> Tuning | None:
+    """A manifest's ``tuning`` from its JSON form (None stays None)."""
+    if data is None:
+        return None
+    tuning = _build(Tuning, data, files=_records, clocks=dict)
+    if not isinstance(tuning.product, str) or not all(isinstance(v, str) for v in (tuning.driver, tuning.cuda)
+                                                          if v is not None):
+        raise ValueError("tuning names its GPU with a value that is not a string")
+    if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in tuning.clocks.items()):
+        raise ValueError("tuning.clocks must map names to whole MHz")
+    return tuning
 
 
 def _records(items: Any) -> tuple[FileRecord, ...]:

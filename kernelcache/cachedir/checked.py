@@ -11,8 +11,13 @@ real path>.json`` with what that decision rested on:
 * the digest of the ``EnvironmentKey`` the fingerprint was checked under (bundle/envkey.py: the interpreter,
   Triton's files, ptxas, the key variables, the packages' metadata, all by stat);
 * the GPU witness it was checked with (bundle/envscan.py ``gpu_witness``), or none when no GPU check ran;
-* the warnings it gave (differences that do not block, such as another torch): a no-op answered from the
-  record says them again;
+* the warnings it gave (differences that do not block, such as another torch, or autotune choices it left out)
+  and whether it installed the bundle's autotune choices: a no-op answered from the record says them again;
+* the signature file beside the bundle (``B.tar.zst.sig``) by the same identity as the bundle's (or that there was
+  none), what its check found (bundle/signature.py ``SignatureInfo``) and the fingerprints of the trusted keys it
+  was checked with. A no-op answers only when the same keys are given now (read as fingerprints, with the
+  standard library: bundle/trust.py) and, under a policy that requires a signature, the record's check found one
+  by a trusted key; an install accepted without those keys, or without a signature, is checked again in full;
 * kernelcache's version and this record's format.
 
 ``find_checked`` answers the digest only when every one of these holds now, the receipt is there, every
@@ -34,6 +39,7 @@ from collections import namedtuple
 
 from .. import __version__
 from ..bundle.envscan import gpu_witness, key_digest, scan_key
+from ..bundle.trust import NO_POLICY, key_fingerprints, signature_path
 from .layout import STATE_DIR, cache_root, keep_newest, unfinished
 
 TYPE_CHECKING = False
@@ -61,18 +67,23 @@ def _record_path(root: str, bundle: str) -> str:
 
 
 # A no-op install the record vouches for (a namedtuple: typing's NamedTuple would cost the import of typing).
-Checked = namedtuple("Checked", ["cache_dir", "digest", "warnings"])
+Checked = namedtuple("Checked", ["cache_dir", "digest", "warnings", "signature", "choices"])
 
 
 def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[int], digest: str,
-                     files: list[str], environment_key_digest: str, gpu: str | None, warnings: list[str]) -> None:
+                     files: list[str], environment_key_digest: str, gpu: str | None, warnings: list[str],
+                     signed: tuple[list[int] | None, dict | None] = (None, None), choices: str = "") -> None:
     """Keep what an accepted install was checked against (``identity``: the bundle file's, taken before it was
-    read). A cache dir that cannot take it only loses the speed-up."""
+    read; ``signed``: its signature file's identity, taken before it was read, and what its check found). A cache
+    dir that cannot take it only loses the speed-up."""
     if not cache.state.is_dir() or bundle_identity(bundle) != identity:
         return  # the file changed while it was installed: nothing to vouch for
+    if bundle_identity(signature_path(bundle)) != signed[0]:
+        return  # so did its signature
     record = {"format": FORMAT, "kernelcache": __version__, "bundle": os.path.realpath(bundle),
               "identity": identity, "digest": digest, "environment_key": environment_key_digest, "gpu": gpu,
-              "warnings": list(warnings), "files": sorted(files)}
+              "warnings": list(warnings), "files": sorted(files), "signature_file": signed[0],
+              "signature": signed[1], "choices": choices}
     import contextlib
     from pathlib import Path
 
@@ -86,9 +97,9 @@ def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[
 
 
 def find_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None,
-                 check_gpu: bool = True) -> Checked | None:
-    """The no-op answer when ``bundle`` is installed in ``cache_dir`` and was accepted under the state that
-    holds now; None whenever the full install path must decide."""
+                 check_gpu: bool = True, policy=NO_POLICY) -> Checked | None:
+    """The no-op answer when ``bundle`` is installed in ``cache_dir`` and was accepted under the state and the
+    signature ``policy`` (bundle/trust.py) that hold now; None whenever the full install path must decide."""
     if "://" in os.fspath(bundle):
         return None
     root = cache_root(cache_dir)
@@ -97,13 +108,15 @@ def find_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None,
             record = json.loads(handle.read())
     except (OSError, ValueError):
         return None
-    if not isinstance(record, dict) or not _holds(record, root, bundle, check_gpu):
+    if not isinstance(record, dict) or not _holds(record, root, bundle, check_gpu) \
+            or not _signature_holds(record, bundle, policy):
         return None
     try:  # noqa: SIM105 -- contextlib is one more import on every pod start
         os.utime(_record_path(root, os.fspath(bundle)))  # used now: prune keeps what is used
     except OSError:
         pass
-    return Checked(root, record["digest"], tuple(record["warnings"]))
+    return Checked(root, record["digest"], tuple(record["warnings"]), record["signature"],
+                   str(record.get("choices") or ""))
 
 
 def _holds(record: dict, root: str, bundle: str | os.PathLike, check_gpu: bool) -> bool:
@@ -121,6 +134,18 @@ def _holds(record: dict, root: str, bundle: str | os.PathLike, check_gpu: bool) 
     if check_gpu and record.get("gpu") != gpu_witness():
         return False
     return record.get("environment_key") == key_digest(scan_key())
+
+
+def _signature_holds(record: dict, bundle: str | os.PathLike, policy) -> bool:
+    """The same signature file as the record's (or none, as then), checked with the same trusted keys as now, and
+    found signed by one of them where a signature is required."""
+    found = record.get("signature")
+    if record.get("signature_file") != bundle_identity(signature_path(bundle)) or not isinstance(found, dict):
+        return False
+    keys = key_fingerprints(policy.keys) if policy.keys else ()
+    if keys is None or list(keys) != found.get("trusted_keys"):
+        return False
+    return not policy.require or found.get("status") == "trusted"
 
 
 # -- for cache management (kernelcache prune) -------------------------------------------------------

@@ -18,6 +18,7 @@ from .layout import STATE_DIR, cache_root, default_cache_root
 
 if TYPE_CHECKING:  # parsed only where a receipt is read: `env` on every pod start needs no manifest classes
     from ..bundle.manifest import Manifest
+    from ..bundle.signature import SignatureInfo
 
 _STATE_SUBDIRS = ("staging", "installed", "journal")
 REMOVAL_SUFFIX = ".rm.json"  # journal/<digest>.rm.json: a removal's journal (journal/<digest>.json: an install's)
@@ -91,7 +92,10 @@ class Receipt:
 
     ``manifest`` is the bundle's manifest, so an installed bundle can be checked (fingerprint, files,
     FlashInfer modules) without the bundle file. ``entries``: the directories it published, relative to
-    the cache dir. ``bundle``, ``cache_dir``, ``installed_at`` and ``pid`` are for people reading it.
+    the cache dir. ``choices_skipped``: why the install left the bundle's autotune choices out (timed on
+    another GPU product); empty when it installed them or the bundle has none. ``signature``: who signed the
+    bundle, as its install checked it (bundle/signature.py); None in receipts written before kernelcache checked
+    signatures. ``bundle``, ``cache_dir``, ``installed_at`` and ``pid`` are for people reading it.
     """
 
     digest: str
@@ -101,17 +105,27 @@ class Receipt:
     cache_dir: str = ""
     installed_at: float = 0.0
     pid: int = 0
+    signature: SignatureInfo | None = None
+    choices_skipped: str = ""
+
+    @property
+    def choices(self) -> bool:
+        """Whether the bundle's autotune choices were installed here."""
+        return self.manifest.tuning is not None and not self.choices_skipped
 
     @functools.cached_property
     def uses(self) -> tuple[str, ...]:
         """The entries the bundle uses: those it published and the directory of every file its manifest lists
-        (the same set for a receipt an install wrote), sorted."""
-        return tuple(sorted({*self.entries, *(os.path.dirname(f.path) for f in self.manifest.files())}))
+        that the install put in place (the same set for a receipt an install wrote), sorted."""
+        files = self.manifest.files(choices=self.choices)
+        return tuple(sorted({*self.entries, *(os.path.dirname(f.path) for f in files)}))
 
     def to_dict(self) -> dict[str, Any]:
+        signature = {"signature": self.signature.to_dict()} if self.signature is not None else {}
+        skipped = {"choices_skipped": self.choices_skipped} if self.choices_skipped else {}
         return {"digest": self.digest, "bundle": self.bundle, "cache_dir": self.cache_dir,
                 "installed_at": self.installed_at, "pid": self.pid, "entries": list(self.entries),
-                "manifest": self.manifest.to_dict()}
+                **signature, **skipped, "manifest": self.manifest.to_dict()}
 
     def to_json(self) -> str:
         # One line: json's C encoder (indent= runs the pure-Python one, ~0.2 s for a 400-kernel manifest).
@@ -136,7 +150,20 @@ class Receipt:
                    tuple(e for e in entries if isinstance(e, str)) if isinstance(entries, list) else (),
                    str(data.get("bundle", "")), str(data.get("cache_dir", "")),
                    float(when) if isinstance(when, int | float) and not isinstance(when, bool) else 0.0,
-                   pid if isinstance(pid, int) and not isinstance(pid, bool) else 0)
+                   pid if isinstance(pid, int) and not isinstance(pid, bool) else 0, _signature(data.get("signature")),
+                   str(data.get("choices_skipped") or ""))
+
+
+def _signature(data: Any) -> SignatureInfo | None:
+    """A receipt's signature record; None when it has none, or none that reads (it only informs people)."""
+    if data is None:
+        return None
+    from ..bundle.signature import SignatureInfo
+
+    try:
+        return SignatureInfo.from_dict(data)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -235,12 +262,25 @@ class CacheDir:
             found += entries
         return found
 
-    def installed_complete(self, digest: str, manifest: Manifest) -> bool:
-        """The receipt is there and so is every file the bundle holds."""
+    def installed_complete(self, digest: str, manifest: Manifest, choices: bool = True) -> bool:
+        """The receipt is there and so is every file the bundle holds (``choices``: its autotune files too)."""
         if not self.receipt_path(digest).is_file():
             return False
         root = str(self.root)  # os.path on strings: a few hundred pathlib joins cost 10-20 ms
-        return all(os.path.exists(os.path.join(root, f.path)) for f in manifest.files())
+        return all(os.path.exists(os.path.join(root, f.path)) for f in manifest.files(choices))
+
+    def choices_installed(self) -> bool:
+        """Whether an installed bundle's autotune choices are in place (a receipt whose manifest has ``tuning`` and
+        that skipped none). Read from the receipts' JSON alone, as ``flashinfer_entries`` reads them; a receipt of
+        another shape sends it the full way."""
+        for path in sorted((self.state / "installed").glob("*.json")):
+            try:
+                data = json.loads(path.read_bytes())
+                if data["manifest"].get("tuning") and not data.get("choices_skipped"):
+                    return True
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                return any(r.choices for r in self.receipts())
+        return False
 
     # -- journals and the log ----------------------------------------------------------------------
 

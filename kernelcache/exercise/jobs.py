@@ -25,7 +25,7 @@ from ..plan.recipe import BuildPlan
 from ..plan.targets import BuildTarget
 from ..plan.tasks import SAMPLER, Task, plan_units
 from .device_tables import candidates_env
-from .listener import LOG_ENV, ExerciseLog
+from .listener import ExerciseLog
 from .worker import Job
 
 
@@ -70,12 +70,13 @@ class ExerciseRun:
 
 
 def _jobs(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: int,
-          extra_tasks: tuple[Task, ...], served: bool = False,
-          cache_env: dict | None = None) -> list[tuple[str, Path, Job]]:
+          extra_tasks: tuple[Task, ...], served: bool = False, tune: bool = False,
+          variables: dict[str, str] | None = None) -> list[tuple[str, Path, Job]]:
     threads = str(max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(plan_units(plan))))))
     env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_TRITON_JIT_WARMUP_NUM_THREADS": threads,
-           "TQDM_DISABLE": "1", **reproducible_cc(work), **(cache_env or {}),
-           **candidates_env(target.capability, target.sm_count, {p.name: p.product for p in target.profiles})}
+           "TQDM_DISABLE": "1", **reproducible_cc(work),
+           **candidates_env(target.capability, target.sm_count, {p.name: p.product for p in target.profiles}),
+           **(variables or {})}
     setup = ()
     if target.mode == "cross":
         product = target.profiles[0].product
@@ -90,10 +91,9 @@ def _jobs(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: i
             continue
         job_dir = work / "jobs" / name
         job_dir.mkdir(parents=True, exist_ok=True)
-        log = str(job_dir / "compiles.jsonl")
-        out.append((name, job_dir, Job(cache_dir=str(cache), compile_log=log, capability=target.capability,
-                                       sm_count=target.sm_count, mode=target.mode, tasks=tasks,
-                                       env={**env, LOG_ENV: log} if cache_env else env, setup=setup, served=served)))
+        out.append((name, job_dir, Job(cache_dir=str(cache), compile_log=str(job_dir / "compiles.jsonl"),
+                                       capability=target.capability, sm_count=target.sm_count, mode=target.mode,
+                                       tasks=tasks, env=env, setup=setup, served=served, tune=tune)))
     return out
 
 
@@ -162,12 +162,12 @@ def _worker_env() -> dict[str, str]:
 
 
 def exercise(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: int,
-             extra_tasks: tuple[Task, ...] = (), progress=None, served: bool = False,
-             cache_env: dict | None = None) -> ExerciseRun:
+             extra_tasks: tuple[Task, ...] = (), progress=None, served: bool = False, tune: bool = False,
+             variables: dict[str, str] | None = None) -> ExerciseRun:
     """Run the plan's paths for one target into ``cache``, ``jobs`` processes at a time (``served``: an installed
-    cache, which Triton's gcc step may take helper modules from, as in a served process; ``cache_env``: the
-    variables that give the processes a build cache, buildcache/__init__.py)."""
-    units = _jobs(plan, target, work, cache, jobs, extra_tasks, served, cache_env)
+    cache, which Triton's gcc step may take helper modules from, as in a served process; ``tune``: the autotuner's
+    timings and disk lookups logged; ``variables``: more environment for the exercise processes)."""
+    units = _jobs(plan, target, work, cache, jobs, extra_tasks, served, tune, variables)
     results = _run_jobs(units, target, jobs, progress)
     cache.mkdir(parents=True, exist_ok=True)  # also when the plan has no Triton path (FlashInfer only)
     log = ExerciseLog.read(job.compile_log for _, _, job in sorted(units, key=lambda u: str(u[1])))

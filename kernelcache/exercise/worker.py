@@ -32,6 +32,7 @@ class Job:
     env: dict = field(default_factory=dict)  # extra variables, set before import
     setup: tuple[Task, ...] = ()  # run after the driver is active, before the tasks (e.g. vLLM's platform)
     served: bool = False  # an installed cache (verify): Triton's gcc step takes its helper modules, as when served
+    tune: bool = False  # log what Triton's autotuner timed and looked up (exercise/autotune_log.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -50,6 +51,7 @@ def main(path: str) -> int:
     os.environ["TRITON_CACHE_DIR"] = job.cache_dir
     os.environ.update(job.env)
     os.environ["KERNELCACHE_TARGET_MODE"] = job.mode
+    os.environ["KERNELCACHE_COMPILE_LOG"] = job.compile_log  # where hooks record too (a build cache's manager)
     if job.mode == "cross":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # vLLM's lenient Triton-import branch (vllm-cross-spike.md)
     started = time.perf_counter()
@@ -62,6 +64,10 @@ def main(path: str) -> int:
     if job.served:
         _served_helpers(job.cache_dir)
     listener.count_builds(job.compile_log)
+    if job.tune:
+        from . import autotune_log
+
+        autotune_log.install(job.compile_log)
     _track_functions(functions)
     if job.mode == "cross":
         from . import fake_target

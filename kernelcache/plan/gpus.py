@@ -149,3 +149,76 @@ def profile_for(gpu: VisibleGpu) -> GpuProfile | None:
         if p.capability == gpu.capability and p.sm_count == gpu.sm_count:
             return p
     return None
+
+
+_STAMP_PROBE = r"""
+import ctypes, json, sys
+out = {}
+try:
+    cu = ctypes.CDLL("libcuda.so.1")
+    if cu.cuInit(0) == 0:
+        dev, version = ctypes.c_int(0), ctypes.c_int(0)
+        cu.cuDeviceGet(ctypes.byref(dev), int(sys.argv[1]))
+        if cu.cuDriverGetVersion(ctypes.byref(version)) == 0:
+            out["cuda"] = f"{version.value // 1000}.{version.value % 1000 // 10}"
+        bus = ctypes.create_string_buffer(64)
+        if cu.cuDeviceGetPCIBusId(bus, 64, dev) == 0:
+            out["pci"] = bus.value.decode()
+        for name, attr in (("max_sm", 13), ("max_memory", 36)):  # CLOCK_RATE, MEMORY_CLOCK_RATE (kHz)
+            value = ctypes.c_int(0)
+            if cu.cuDeviceGetAttribute(ctypes.byref(value), attr, dev) == 0 and value.value > 0:
+                out[name] = value.value // 1000
+except OSError:
+    pass
+print(json.dumps(out))
+"""
+_SMI_FIELDS = {"driver_version": None, "clocks.applications.graphics": "sm", "clocks.applications.memory": "memory",
+               "clocks.max.sm": "max_sm", "clocks.max.memory": "max_memory"}
+
+
+@dataclass(frozen=True)
+class GpuStamp:
+    """Where timings were taken: the GPU's product, driver and clocks (MHz)."""
+
+    product: str
+    driver: str | None  # the NVIDIA driver's version, from nvidia-smi
+    cuda: str | None  # the CUDA version the driver supports (cuDriverGetVersion)
+    clocks: dict[str, int]
+
+
+def stamp(gpu: VisibleGpu) -> GpuStamp:
+    """The stamp of the visible GPU ``gpu``: libcuda in a child process (as ``visible_gpus``) for the CUDA version,
+    the PCI bus and the peak clocks; nvidia-smi, where it is installed, for the driver version and the application
+    and maximum clocks of that bus (which replace libcuda's)."""
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", _STAMP_PROBE, str(gpu.index)],
+                              capture_output=True, text=True, timeout=60)
+        found = json.loads(done.stdout or "{}")
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        found = {}
+    clocks = {k: v for k, v in found.items() if k in ("max_sm", "max_memory") and isinstance(v, int)}
+    driver, smi = _nvidia_smi(found.get("pci"))
+    return GpuStamp(gpu.name, driver, found.get("cuda"), {**clocks, **smi})
+
+
+def _nvidia_smi(pci: str | None) -> tuple[str | None, dict[str, int]]:
+    """The driver version and clocks nvidia-smi reports for the GPU on PCI bus ``pci`` (None, {} without it)."""
+    if not pci:
+        return None, {}
+    try:
+        done = subprocess.run(["nvidia-smi", f"--query-gpu=pci.bus_id,{','.join(_SMI_FIELDS)}",
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None, {}
+    for line in done.stdout.splitlines():
+        bus, *values = (v.strip() for v in line.split(","))
+        if _bus(bus) == _bus(pci) and len(values) == len(_SMI_FIELDS):
+            named = dict(zip(_SMI_FIELDS.values(), values))
+            return named.pop(None) or None, {k: int(v) for k, v in named.items() if v.isdigit()}
+    return None, {}
+
+
+def _bus(address: str) -> str:
+    """A PCI address without the domain's leading zeros ("00000000:19:00.0" and "0000:19:00.0" are one bus)."""
+    domain, *rest = address.strip().lower().split(":")
+    return ":".join([domain.lstrip("0"), *rest])

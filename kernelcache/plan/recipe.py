@@ -1,27 +1,28 @@
-"""Build recipes (``cache-manifests/*.toml``) -> a frozen, validated ``BuildPlan``.
+"""Build recipes (TOML) -> a frozen, validated ``BuildPlan``.
 
 A recipe says which vLLM sampler paths to exercise (and speculative decoding's, with drafts), for which
 vocab sizes, logits dtypes, batch range and sampling modes, and for which GPU profiles; a model recipe
-(``cache-manifests/models/``) adds a ``[model]`` table, the fields of the model's Hugging Face
-config.json (plan/model.py) that decide its vocab and its layers' kernels (MoE, attention, Mamba). Every key is
-checked; an error names the file and the key. ``PlanOverrides`` (the flags ``build`` and ``verify``
-share) override the file. ("Manifest" only ever means a bundle's manifest.json; the folder keeps its
-historical name.)
+adds a ``[model]`` table, the fields of the model's Hugging Face config.json (plan/model.py) that decide its
+vocab and its layers' kernels (MoE, attention, Mamba). Every key is checked; an error names the file and the
+key. ``PlanOverrides`` (the flags ``build`` and ``verify`` share) override the file.
+
+The package ships its recipes as package data (``kernelcache/recipes/*.toml``, model recipes in
+``kernelcache/recipes/models/``), found beside this package wherever it is installed, never in a checkout.
+``--recipe`` takes a shipped recipe's name (its file's stem: ``qwen3-30b-a3b``) or a TOML file's path; a plain
+word (no directory, no ``.toml``) names a shipped recipe first. A shipped recipe's plan records its file
+relative to the package (``kernelcache/recipes/vllm-sampler.toml``), so a bundle does not name the install
+location. ("Manifest" only ever means a bundle's manifest.json.)
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
-import sys
+import tomllib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 from ..bundle.manifest import arch_to_capability, capability_to_arch
 from ..errors import RecipeError, UsageError
@@ -43,7 +44,8 @@ TRITON_ATTN = "TRITON_ATTN"
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 MODES = ("top_k", "top_p", "top_k_top_p")
 DTYPES = ("float32", "bfloat16", "float16")
-DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "cache-manifests" / "vllm-sampler.toml"
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"  # the shipped recipes: kernelcache/recipes/
+DEFAULT_RECIPE = "vllm-sampler"
 
 
 @dataclass(frozen=True)
@@ -224,18 +226,45 @@ _VLLM_KEYS = {"paths", "max_num_seqs", "num_speculative_tokens", "max_model_len"
               "attention_backend", "kv_cache_dtype", "block_size"}
 
 
-def load(path: str | Path | None = None) -> BuildPlan:
-    """Read and validate a recipe (the default: cache-manifests/vllm-sampler.toml)."""
-    file = Path(path) if path is not None else DEFAULT_RECIPE
+def load(recipe: str | os.PathLike | None = None) -> BuildPlan:
+    """Read and validate a recipe: a shipped recipe's name or a TOML file (``resolve``); None: the default."""
+    file = resolve(recipe)
+    where = _where(file)
     try:
         data = tomllib.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise RecipeError(f"{file}: no such build recipe") from None
+        raise RecipeError(f"{where}: no such build recipe") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError(f"{file}: cannot read: {exc}") from None
+        raise RecipeError(f"{where}: cannot read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise RecipeError(f"{file}: not valid TOML: {exc}") from None
-    return parse(data, str(file))
+        raise RecipeError(f"{where}: not valid TOML: {exc}") from None
+    return parse(data, where)
+
+
+def shipped() -> dict[str, Path]:
+    """The recipes the package ships, by name (the file's stem): the default, kernelcache/recipes/*.toml, then
+    models/*.toml."""
+    top = sorted(RECIPES.glob("*.toml"), key=lambda file: (file.stem != DEFAULT_RECIPE, file.stem))
+    files = [*top, *sorted(RECIPES.glob("models/*.toml"))]
+    return {file.stem: file for file in files}
+
+
+def resolve(recipe: str | os.PathLike | None = None) -> Path:
+    """The file ``recipe`` names: a shipped recipe (a plain word: no directory, no ``.toml``) or a path."""
+    text = DEFAULT_RECIPE if recipe is None else os.fspath(recipe)
+    plain_word = "/" not in text and os.sep not in text and not text.endswith(".toml")
+    if plain_word and text in (found := shipped()):
+        return found[text]
+    if plain_word and not Path(text).is_file():
+        raise RecipeError(f"{text}: no such build recipe (shipped: {', '.join(found)}; or give a TOML file's path)")
+    return Path(text)
+
+
+def _where(file: Path) -> str:
+    """How errors and the plan name a recipe file: a shipped one relative to the package, any other as given."""
+    if file.parent in (RECIPES, RECIPES / "models"):
+        return file.relative_to(RECIPES.parents[1]).as_posix()
+    return str(file)
 
 
 def parse(data: dict, where: str) -> BuildPlan:

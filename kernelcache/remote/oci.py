@@ -15,10 +15,21 @@ Pulling ``TAG`` resolves the index with ``select.choose`` (visible GPUs, or ``--
 pulling ``TAG-sm_90-h200`` or ``@sha256:…`` takes that bundle as is. Bytes are verified against
 the descriptors (size, sha256), the bundle's manifest digest against the config digest, and the
 file lands under its final name only then (``transfer.land``).
+
+Signatures are cosign's (https://github.com/sigstore/cosign/blob/main/specs/SIGNATURE_SPEC.md): ``push --sign``
+signs each bundle's OCI manifest (and the index) with cosign's simple-signing payload and stores it at the tag
+``sha256-<manifest digest>.sig``: an OCI image manifest whose layers are the payloads
+(``application/vnd.dev.cosign.simplesigning.v1+json``), each with its base64 signature in the
+``dev.cosignproject.cosign/signature`` annotation (and the signer's PEM public key in ``dev.kernelcache.public-key``;
+cosign ignores it). So ``cosign verify --key`` accepts what ``push --sign`` stored, and kernelcache accepts what
+``cosign sign --key`` stored. ``install`` checks them before it downloads anything (``resolve_bundle``); ``pull``
+writes them beside the bundle (``B.tar.zst.sig``, with the OCI manifest they name: bundle/signature.py).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import ipaddress
 import json
@@ -34,14 +45,28 @@ from ..bundle import archive
 from ..bundle.compare import fingerprint
 from ..bundle.fingerprint import platform_tag
 from ..bundle.manifest import Manifest
+from ..bundle.signature import (
+    CONFIG_MEDIA_TYPE,
+    LAYER_MEDIA_TYPE,
+    SignatureFile,
+    SignatureInfo,
+    Signed,
+    SigningKey,
+    check,
+    cosign_payload,
+    enforce,
+    file_sha256,
+    keep_beside,
+    load_signing_key,
+    oci_subject,
+)
+from ..bundle.trust import Policy
 from ..errors import MissingDependency, RemoteError, UsageError
 from .select import Candidate, choose
 from .transfer import Expected, Landed, land, safe_name, verify
 
 ARTIFACT_TYPE = "application/vnd.kernelcache.bundle.v1"
 INDEX_ARTIFACT_TYPE = "application/vnd.kernelcache.index.v1"
-CONFIG_MEDIA_TYPE = "application/vnd.kernelcache.manifest.v1+json"
-LAYER_MEDIA_TYPE = "application/vnd.kernelcache.bundle.v1.tar+zstd"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 ANNOTATION = "dev.kernelcache."
@@ -50,6 +75,12 @@ CHUNK = 1 << 20
 CHUNKED_UPLOAD_BYTES = 256 << 20  # larger blobs go up in chunks (POST, PATCH…, PUT), never whole in memory
 UPLOAD_CHUNK = 16 << 20
 INDEX_ROUNDS = 5
+SIGNATURE_MEDIA_TYPE = "application/vnd.dev.cosign.simplesigning.v1+json"
+SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
+KEY_ANNOTATION = f"{ANNOTATION}public-key"
+IMAGE_CONFIG = "application/vnd.oci.image.config.v1+json"
+MAX_SIGNATURES = 16  # layers of a signature manifest read
+MAX_PAYLOAD = 64 << 10
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REPOSITORY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
@@ -169,6 +200,7 @@ class Pushed:
     reference: str  # oci://HOST/REPO:TAG-variant
     digest: str  # of the OCI manifest
     size: int
+    signature: str | None = None  # oci://HOST/REPO:sha256-<digest>.sig, where push signed it
 
 
 @dataclass(frozen=True)
@@ -180,15 +212,19 @@ class PushResult:
 
     def to_dict(self) -> dict:
         return {"index": self.index, "index_digest": self.index_digest, "variants": list(self.variants),
-                "pushed": [{"bundle": str(p.bundle), "reference": p.reference, "digest": p.digest}
-                           for p in self.pushed]}
+                "pushed": [{"bundle": str(p.bundle), "reference": p.reference, "digest": p.digest,
+                            "signature": p.signature} for p in self.pushed]}
 
 
-def push(bundles: str | os.PathLike | Sequence[str | os.PathLike], reference: str) -> PushResult:
-    """Push bundles (one per variant) under ``TAG-<variant>`` and rebuild the index at ``TAG``."""
+def push(bundles: str | os.PathLike | Sequence[str | os.PathLike], reference: str,
+         sign: str | os.PathLike | None = None) -> PushResult:
+    """Push bundles (one per variant) under ``TAG-<variant>`` and rebuild the index at ``TAG``.
+
+    ``sign``: a private key file; each bundle's OCI manifest and the index are signed as cosign signs images."""
     ref = parse(reference)
     if ref.digest:
         raise UsageError("push needs a tag, not a digest: oci://HOST/REPO:TAG")
+    signer = load_signing_key(sign) if sign is not None else None  # a bad key fails before anything is uploaded
     paths = [Path(bundles)] if isinstance(bundles, (str, os.PathLike)) else [Path(b) for b in bundles]
     manifests = [verify(p) for p in paths]  # never push a bundle that does not verify
     tags = [variant_tag(ref.tag, m) for m in manifests]
@@ -196,12 +232,14 @@ def push(bundles: str | os.PathLike | Sequence[str | os.PathLike], reference: st
         raise UsageError(f"two bundles would both be tagged {_first_duplicate(tags)}: push one bundle per variant")
     client = _connect(ref)
     _check_index_tag(client, ref)
-    pushed = tuple(_push_one(client, ref.at(t), p, m) for p, m, t in zip(paths, manifests, tags))
+    pushed = tuple(_push_one(client, ref.at(t), p, m, signer) for p, m, t in zip(paths, manifests, tags))
     index_digest, listed = _publish_index(client, ref)
+    if signer is not None:
+        _push_signature(client, ref, index_digest, signer)
     return PushResult(pushed, str(ref), index_digest, listed)
 
 
-def _push_one(client, ref: OciRef, path: Path, manifest: Manifest) -> Pushed:
+def _push_one(client, ref: OciRef, path: Path, manifest: Manifest, signer: SigningKey | None = None) -> Pushed:
     config = manifest.to_json()
     with tempfile.TemporaryDirectory(prefix="kernelcache-push-") as work:
         config_path = Path(work) / "manifest.json"
@@ -219,13 +257,14 @@ def _push_one(client, ref: OciRef, path: Path, manifest: Manifest) -> Pushed:
     }
     raw = _canonical(document)
     _put_manifest(client, ref, raw, OCI_MANIFEST)
-    return Pushed(path, str(ref), _sha256(raw), len(raw))
+    signature = _push_signature(client, ref, _sha256(raw), signer) if signer is not None else None
+    return Pushed(path, str(ref), _sha256(raw), len(raw), signature)
 
 
 def _upload(client, ref: OciRef, path: Path, media_type: str) -> dict:
     from .registry import container, error_text
 
-    descriptor = {"mediaType": media_type, "digest": "sha256:" + _file_sha256(path), "size": path.stat().st_size}
+    descriptor = {"mediaType": media_type, "digest": "sha256:" + file_sha256(path), "size": path.stat().st_size}
     box = container(ref.host, ref.repository)
     chunked = descriptor["size"] > CHUNKED_UPLOAD_BYTES
     response = client.upload_blob(str(path), box, dict(descriptor), do_chunked=chunked, chunk_size=UPLOAD_CHUNK)
@@ -303,6 +342,104 @@ def _index_entry(client, base: OciRef, tag: str) -> dict | None:
     return entry
 
 
+# -- signatures (cosign's layout) ----------------------------------------------------------------
+
+
+def signature_tag(digest: str) -> str:
+    """The tag cosign stores the signatures of the manifest ``sha256:HEX`` at: ``sha256-HEX.sig``."""
+    return digest.replace(":", "-", 1) + ".sig"
+
+
+def _push_signature(client, ref: OciRef, digest: str, signer: SigningKey) -> str:
+    """Sign the manifest ``digest`` as ``cosign sign --key`` does and add it to its signature tag (a signature by
+    this key that is there already is kept instead); the tag's reference."""
+    at = ref.at(signature_tag(digest))
+    payload = cosign_payload(f"{ref.host}/{ref.repository}", digest.removeprefix("sha256:"))
+    found = _get_manifest(client, at, missing_ok=True)
+    layers = [x for x in (found[1].get("layers") or []) if x.get("mediaType") == SIGNATURE_MEDIA_TYPE] if found else []
+    if any(_signs(layer, payload, signer) for layer in layers):
+        return str(at)
+    with tempfile.TemporaryDirectory(prefix="kernelcache-sign-") as work:
+        blob = Path(work) / "payload.json"
+        blob.write_bytes(payload)
+        layer = _upload(client, at, blob, SIGNATURE_MEDIA_TYPE)
+        layer["annotations"] = {SIGNATURE_ANNOTATION: base64.b64encode(signer.sign(payload)).decode(),
+                                KEY_ANNOTATION: signer.public.pem}
+        layers.append(layer)
+        config = Path(work) / "config.json"
+        config.write_bytes(_canonical({"architecture": "", "os": "", "config": {},
+                                       "rootfs": {"type": "layers", "diff_ids": [x["digest"] for x in layers]}}))
+        document = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": _upload(client, at, config, IMAGE_CONFIG),
+                    "layers": layers}
+    _put_manifest(client, at, _canonical(document), OCI_MANIFEST)
+    return str(at)
+
+
+def _signs(layer: dict, payload: bytes, signer: SigningKey) -> bool:
+    """Whether a signature layer already holds this payload, signed by this key."""
+    if layer.get("digest") != _sha256(payload):
+        return False
+    try:
+        signature = base64.b64decode((layer.get("annotations") or {}).get(SIGNATURE_ANNOTATION, ""), validate=True)
+    except (binascii.Error, TypeError):
+        return False
+    return signer.public.verifies(payload, signature)
+
+
+def _signatures(client, ref: OciRef, digest: str, raw: bytes | None) -> SignatureFile | None:
+    """The signatures stored for the manifest ``digest`` (``raw``: its bytes, kept in the signature file), as a
+    signature file; None when its signature tag does not exist; ``ValueError`` when it holds no readable one."""
+    found = _get_manifest(client, ref.at(signature_tag(digest)), missing_ok=True)
+    if found is None:
+        return None
+    layers = [x for x in found[1].get("layers") or [] if x.get("mediaType") == SIGNATURE_MEDIA_TYPE]
+    entries = [e for e in (_signed(client, ref, x) for x in layers[:MAX_SIGNATURES]) if e is not None]
+    if not entries:
+        raise ValueError(f"{signature_tag(digest)} holds no readable cosign signature")
+    return SignatureFile(tuple(entries), raw)
+
+
+def _signed(client, ref: OciRef, layer: dict) -> Signed | None:
+    """One signature layer: its payload blob (checked against its digest) and the signature in its annotation."""
+    notes = layer.get("annotations") or {}
+    size, digest = layer.get("size"), layer.get("digest")
+    if not isinstance(size, int) or not 0 < size <= MAX_PAYLOAD or not _DIGEST.fullmatch(str(digest)):
+        return None
+    try:
+        signature = base64.b64decode(str(notes.get(SIGNATURE_ANNOTATION, "")), validate=True)
+        payload = b"".join(_blob_chunks(client, ref, digest, MAX_PAYLOAD))
+    except (binascii.Error, RemoteError):
+        return None
+    key = notes.get(KEY_ANNOTATION)
+    if _sha256(payload) != digest or not signature:
+        return None
+    return Signed(payload, signature, key if isinstance(key, str) else None)
+
+
+def _check_signature(client, ref: OciRef, raw: bytes, policy: Policy) -> SignatureInfo:
+    """The signatures of the bundle manifest ``ref`` pins (``raw``: its bytes, which name the file and the bundle
+    digest), checked against ``policy`` before anything is downloaded."""
+    digest = str(ref.digest)
+    subject = oci_subject(digest.removeprefix("sha256:"), raw)
+    try:
+        found = _signatures(client, ref, digest, raw)
+    except ValueError as exc:
+        info = SignatureInfo("invalid", reason=str(exc))
+        enforce(info, policy.require, str(ref))
+        return info
+    return check(found, subject, policy, str(ref), f"no {signature_tag(digest)} tag in the registry")
+
+
+def _keep_signature(client, ref: OciRef, digest: str, raw: bytes, bundle: Path) -> None:
+    """Write the signatures of a pulled bundle beside it, with the OCI manifest they name (remove a stale file
+    when there are none)."""
+    try:
+        found = _signatures(client, ref, digest, raw)
+    except ValueError:
+        found = None
+    keep_beside(bundle, found.to_json() if found is not None else None)
+
+
 # -- pull ----------------------------------------------------------------------------------------
 
 
@@ -312,29 +449,37 @@ def pull(reference: str, output_dir: str | os.PathLike, arch: str | None = None,
     """Download the bundle for this machine (or ``every`` bundle of an index) into ``output_dir``."""
     ref = parse(reference)
     client = _connect(ref)
-    media_type, document, _ = _get_manifest(client, ref)
+    media_type, document, raw = _fetch_manifest(client, ref)
     if media_type == OCI_INDEX:
-        documents = [(r, _get_manifest(client, r)[1]) for r in _resolve(ref, document, arch, gpu, every)]
+        documents = [(r, *_fetch_manifest(client, r)[1:]) for r in _resolve(ref, document, arch, gpu, every)]
     else:
-        documents = [(ref, document)]
+        documents = [(ref, document, raw)]
     names: set[str] = set()
-    return [_download(client, r, d, Path(output_dir), names, verify_members, accept) for r, d in documents]
+    landed = []
+    for r, d, raw_manifest in documents:
+        landed.append(_download(client, r, d, Path(output_dir), names, verify_members, accept))
+        _keep_signature(client, r, _sha256(raw_manifest), raw_manifest, landed[-1].path)
+    return landed
 
 
-def resolve_bundle(reference: str, arch: str | None = None, gpu: str | None = None) -> tuple[str, str]:
-    """(bundle digest, ``oci://…@sha256:`` of its OCI manifest) for the bundle ``reference`` picks here.
+def resolve_bundle(reference: str, arch: str | None = None, gpu: str | None = None,
+                   policy: Policy | None = None) -> tuple[str, str, SignatureInfo | None]:
+    """(bundle digest, ``oci://…@sha256:`` of its OCI manifest, its signatures as checked against ``policy``) for
+    the bundle ``reference`` picks here (no ``policy``: signatures not read).
 
-    Reads the index and the manifest, no blob: ``install`` uses it to find a bundle already installed,
-    and downloads through the pinned reference otherwise (one manifest read, and no tag that moved in
+    Reads the index, the manifest and its signature tag, no blob: ``install`` uses it to find a bundle already
+    installed, and downloads through the pinned reference otherwise (one manifest read, and no tag that moved in
     between). The config blob is the bundle's ``manifest.json``: its descriptor digest is the bundle's."""
     ref = parse(reference)
     client = _connect(ref)
-    media_type, document, (digest, _) = _get_manifest(client, ref)
+    media_type, document, raw = _fetch_manifest(client, ref)
     if media_type == OCI_INDEX:
         ref = _resolve(ref, document, arch, gpu, every=False)[0]
-        _, document, (digest, _) = _get_manifest(client, ref)
+        _, document, raw = _fetch_manifest(client, ref)
     _, config = _bundle_parts(ref, document)
-    return str(config["digest"]).removeprefix("sha256:"), str(ref.at(digest))
+    pinned = ref.at(_sha256(raw))
+    signature = _check_signature(client, pinned, raw, policy) if policy is not None else None
+    return str(config["digest"]).removeprefix("sha256:"), str(pinned), signature
 
 
 def _resolve(ref: OciRef, index: dict, arch: str | None, gpu: str | None, every: bool) -> list[OciRef]:
@@ -401,7 +546,8 @@ def _bundle_parts(ref: OciRef, document: dict) -> tuple[dict, dict]:
     return layer, config
 
 
-def _blob_chunks(client, ref: OciRef, digest: str) -> Iterator[bytes]:
+def _blob_chunks(client, ref: OciRef, digest: str, limit: int | None = None) -> Iterator[bytes]:
+    """The blob's bytes as they arrive; ``RemoteError`` past ``limit`` bytes."""
     import requests
 
     from .registry import container, error_text
@@ -410,8 +556,13 @@ def _blob_chunks(client, ref: OciRef, digest: str) -> Iterator[bytes]:
     with response:
         if response.status_code != 200:
             raise RemoteError(f"{ref}: cannot download blob {digest[:19]}…: {error_text(response)}")
+        seen = 0
         try:
-            yield from response.iter_content(chunk_size=CHUNK)
+            for chunk in response.iter_content(chunk_size=CHUNK):
+                seen += len(chunk)
+                if limit is not None and seen > limit:
+                    raise RemoteError(f"{ref}: blob {digest[:19]}… is larger than {limit} bytes")
+                yield chunk
         except requests.RequestException as exc:
             raise RemoteError(f"{ref}: the download broke off: {type(exc).__name__}") from None
 
@@ -429,6 +580,15 @@ def _connect(ref: OciRef):
 
 def _get_manifest(client, ref: OciRef, missing_ok: bool = False):
     """(media type, parsed document, (digest, size)), checked against ``ref.digest`` if pinned."""
+    found = _fetch_manifest(client, ref, missing_ok)
+    if found is None:
+        return None
+    media_type, document, raw = found
+    return media_type, document, (_sha256(raw), len(raw))
+
+
+def _fetch_manifest(client, ref: OciRef, missing_ok: bool = False):
+    """(media type, parsed document, the manifest's bytes), checked against ``ref.digest`` if pinned."""
     from .registry import container, error_text
 
     url = f"{client.prefix}://{container(ref.host, ref.repository).manifest_url(ref.reference)}"
@@ -445,8 +605,10 @@ def _get_manifest(client, ref: OciRef, missing_ok: bool = False):
         document = json.loads(raw)
     except ValueError:
         raise RemoteError(f"{ref}: the registry returned a manifest that is not JSON") from None
+    if not isinstance(document, dict):
+        raise RemoteError(f"{ref}: the registry returned a manifest that is not a JSON object")
     media_type = document.get("mediaType") or response.headers.get("Content-Type", "").split(";")[0]
-    return media_type, document, (digest, len(raw))
+    return media_type, document, raw
 
 
 def _canonical(document: dict) -> bytes:
@@ -455,14 +617,6 @@ def _canonical(document: dict) -> bytes:
 
 def _sha256(raw: bytes) -> str:
     return "sha256:" + hashlib.sha256(raw).hexdigest()
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _first_duplicate(items: list[str]) -> str:

@@ -3,7 +3,9 @@
 ``http(s)://`` needs ``kernelcache[remote]`` (fsspec with aiohttp); ``s3://``, ``gs://``, ``az://``
 and the rest need their fsspec backend (s3fs, gcsfs, adlfs), which fsspec names when it is
 missing. A URL may pin the file's sha256 the way pip does: ``https://host/b.tar.zst#sha256=HEX``.
-Whatever the URL, the file lands only once it has verified (``transfer.land``).
+Whatever the URL, the file lands only once it has verified (``transfer.land``). A signature at the URL with
+``.sig`` appended (``kernelcache sign``'s file, bundle/signature.py) lands beside it; where there is none, a stale
+one beside the file is removed.
 """
 
 from __future__ import annotations
@@ -15,11 +17,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..bundle.manifest import Manifest
+from ..bundle.signature import MAX_FILE_BYTES, keep_beside
+from ..bundle.trust import SUFFIX
 from ..errors import KernelcacheError, MissingDependency, RemoteError, UsageError
 from .transfer import Expected, Landed, land, safe_name
 
 CHUNK = 1 << 20
 _PIN = re.compile(r"sha256=([0-9a-f]{64})")
+
+
+class _Missing(RemoteError):
+    """Nothing at the URL (a missing signature is no error)."""
 
 
 def split_pin(url: str) -> tuple[str, str | None]:
@@ -39,7 +47,25 @@ def pull(url: str, output_dir: str | os.PathLike, verify_members: bool = True,
     parts = urllib.parse.urlsplit(location)
     name = safe_name(urllib.parse.unquote(parts.path.rstrip("/").rsplit("/", 1)[-1]), "bundle.tar.zst")
     chunks = _file_chunks(parts, url) if parts.scheme == "file" else _fsspec_chunks(location, parts.scheme)
-    return [land(chunks, Path(output_dir) / name, Expected(sha256=pin), url, verify_members, accept)]
+    landed = land(chunks, Path(output_dir) / name, Expected(sha256=pin), url, verify_members, accept)
+    keep_beside(landed.path, _signature(location + SUFFIX))
+    return [landed]
+
+
+def _signature(location: str) -> bytes | None:
+    """The bytes of the signature file at ``location`` (None when there is none), up to one byte past the size a
+    signature file may have, so an oversized one reads as invalid."""
+    parts = urllib.parse.urlsplit(location)
+    chunks = _file_chunks(parts, location) if parts.scheme == "file" else _fsspec_chunks(location, parts.scheme)
+    data = b""
+    try:
+        for chunk in chunks:
+            data += chunk
+            if len(data) > MAX_FILE_BYTES:
+                break
+    except _Missing:
+        return None
+    return data[:MAX_FILE_BYTES + 1]
 
 
 def _file_chunks(parts: urllib.parse.SplitResult, url: str) -> Iterator[bytes]:
@@ -49,6 +75,8 @@ def _file_chunks(parts: urllib.parse.SplitResult, url: str) -> Iterator[bytes]:
     try:
         with open(path, "rb") as handle:
             yield from iter(lambda: handle.read(CHUNK), b"")
+    except FileNotFoundError as exc:
+        raise _Missing(f"cannot read {url}: {exc.strerror or exc}") from None
     except OSError as exc:
         raise RemoteError(f"cannot read {url}: {exc.strerror or exc}") from None
 
@@ -65,7 +93,7 @@ def _fsspec_chunks(location: str, scheme: str) -> Iterator[bytes]:
     except KernelcacheError:
         raise
     except FileNotFoundError:
-        raise RemoteError(f"{location}: not found") from None
+        raise _Missing(f"{location}: not found") from None
     except Exception as exc:  # each fsspec backend raises its own transport errors
         raise RemoteError(f"{location}: the download failed: {type(exc).__name__}: {exc}") from None
 
@@ -87,6 +115,6 @@ def _open(location: str, scheme: str):
     try:
         return fs.open(path, "rb", **options)
     except FileNotFoundError:
-        raise RemoteError(f"{location}: not found") from None
+        raise _Missing(f"{location}: not found") from None
     except Exception as exc:
         raise RemoteError(f"{location}: cannot open: {type(exc).__name__}: {exc}") from None

@@ -6,7 +6,10 @@ in vllm/compilation/compiler_interface.py), so one set before it starts is kept.
 When the cache holds FlashInfer modules, runtime/flashinfer.py adds PYTHONPATH (its provider
 registration) and ``FLASHINFER_DISABLE_JIT=1``. When it keeps Triton's ``triton_key()`` (written by the
 install that computed it), ``KERNELCACHE_TRITON_KEYS`` and kernelcache's site dir on PYTHONPATH let
-served processes skip hashing libtriton.so (runtime/site/kernelcache_tritonkey.py).
+served processes skip hashing libtriton.so (runtime/site/kernelcache_tritonkey.py). When an installed bundle
+carries autotune choices (``kernelcache tune``), ``TRITON_CACHE_AUTOTUNING=1`` lets Triton read them instead of
+timing, and ``KERNELCACHE_AUTOTUNE_CHECK=1`` with the site dir guards that read (runtime/site/kernelcache_autotune.py);
+without choices none of these is set.
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..bundle.trust import Policy, policy
 from ..cachedir import CacheDir, recover, resolve_cache_dir
 from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
 from . import flashinfer
 from .served import remember_served, snapshot
 from .shell import exec_command, shell_exports
-from .site import kernelcache_tritonkey
+from .site import kernelcache_autotune, kernelcache_tritonkey
 
 
 def environment(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
@@ -31,24 +35,40 @@ def environment(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
     variables = {"TRITON_CACHE_DIR": str(root)}
     variables.update(flashinfer.environment(root))
     variables.update(triton_key_environment(root, variables))
+    variables.update(autotune_environment(root, variables))
     return variables
 
 
 def triton_key_environment(root: Path, variables: dict[str, str]) -> dict[str, str]:
-    """``KERNELCACHE_TRITON_KEYS`` and the site dir on PYTHONPATH, if ``root`` keeps Triton keys.
-
-    The site dir goes after FlashInfer's provider dirs and before every other entry: its sitecustomize must
-    not be shadowed by another one (it runs the one it shadows itself)."""
+    """``KERNELCACHE_TRITON_KEYS`` and the site dir on PYTHONPATH, if ``root`` keeps Triton keys."""
     folder = CacheDir(root).triton_keys
     if not folder.is_dir():
+        kernelcache_tritonkey.say("kept Triton records", "none", f"no {folder}: served processes compute "
+                                  "triton_key() and run Triton's tool queries themselves")
         return {}
+    kernelcache_tritonkey.say("kept Triton records", str(folder), "KERNELCACHE_TRITON_KEYS set, kernelcache's site "
+                              "dir on PYTHONPATH")
+    return {kernelcache_tritonkey.ENV_VAR: str(folder), "PYTHONPATH": site_path(variables)}
+
+
+def autotune_environment(root: Path, variables: dict[str, str]) -> dict[str, str]:
+    """Triton's autotune cache on, guarded (runtime/site/kernelcache_autotune.py), if a bundle installed in
+    ``root`` put autotune choices there; nothing otherwise."""
+    if not CacheDir(root).choices_installed():
+        return {}
+    return {**kernelcache_autotune.environment(), "PYTHONPATH": site_path(variables)}
+
+
+def site_path(variables: dict[str, str]) -> str:
+    """PYTHONPATH with kernelcache's site dir after FlashInfer's provider dirs and before every other entry: its
+    sitecustomize must not be shadowed by another one (it runs the one it shadows itself)."""
     from .overlay import SITE_DIR
 
     current = variables.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     entries = [p for p in current.split(os.pathsep) if p and p != str(SITE_DIR)]
     providers = [p for p in entries if flashinfer.is_site_path(p)]
     path = [*providers, str(SITE_DIR), *(p for p in entries if p not in providers)]
-    return {kernelcache_tritonkey.ENV_VAR: str(folder), "PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
+    return os.pathsep.join(dict.fromkeys(path))
 
 
 @dataclass(frozen=True)
@@ -93,15 +113,18 @@ def _no_overlay_options(base, overlay, miss_log) -> None:
         raise UsageError(f"{', '.join(given)} only make sense with --read-only")
 
 
-def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | None, force: bool = False
-            ) -> tuple[Path, dict[str, str]]:
+def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | None, force: bool = False,
+            signature_policy: Policy | None = None) -> tuple[Path, dict[str, str]]:
     """Install ``bundle`` if given (a no-op when already there), finish interrupted installs; the cache dir and
-    its variables."""
+    its variables. ``signature_policy``: what the bundle's signature must be (None: from the environment)."""
     root = resolve_cache_dir(cache_dir)
-    if bundle is not None and _not_checked(bundle, cache_dir):
+    if bundle is not None:
+        signature_policy = signature_policy or policy()
+    if bundle is not None and _not_checked(bundle, cache_dir, signature_policy):
         from ..install import install
 
-        root = install(bundle, cache_dir, force=force).cache_dir
+        root = install(bundle, cache_dir, force=force, require_signature=signature_policy.require,
+                       trusted_keys=signature_policy.keys).cache_dir
     check_read_only(root)
     if root.is_dir() and os.access(root, os.W_OK):
         recover(root)
@@ -111,11 +134,11 @@ def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | Non
     return root, variables
 
 
-def _not_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None) -> bool:
+def _not_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None, signature_policy: Policy) -> bool:
     """Whether ``bundle`` needs the installer: not accepted here before under what holds now (cachedir/checked.py)."""
     from ..cachedir.checked import find_checked
 
-    return find_checked(bundle, cache_dir) is None
+    return find_checked(bundle, cache_dir, policy=signature_policy) is None
 
 
 def check_read_only(root: Path) -> None:
@@ -143,11 +166,14 @@ def check_read_only(root: Path) -> None:
 
 
 def activate(*, bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
-             force: bool = False) -> dict[str, str]:
+             force: bool = False, require_signature: bool | None = None,
+             trusted_keys: Sequence[str | os.PathLike] | None = None) -> dict[str, str]:
     """Use a bundle (installed into ``cache_dir`` first) or an installed cache dir in this process and its children.
 
     ``activate(bundle="/bundles/b.tar.zst")`` installs (a no-op when already there) into ``cache_dir``,
     default as ``kernelcache install``; ``activate(cache_dir="/caches/c")`` uses what is installed there.
+    ``require_signature`` / ``trusted_keys`` (None: ``KERNELCACHE_REQUIRE_SIGNATURE`` / ``KERNELCACHE_TRUSTED_KEYS``)
+    refuse a bundle no trusted key signed, as ``kernelcache install`` does.
     A bundle that is not a file, or a cache dir that does not exist, is refused (``UsageError``): a
     mistyped path must not become a silent cold start. Call it before importing triton or vllm. Raises
     ``AlreadyActivated`` when Triton's cache dir was already pinned in this process to somewhere else.
@@ -159,7 +185,7 @@ def activate(*, bundle: str | os.PathLike | None = None, cache_dir: str | os.Pat
         if not root.is_dir():
             raise UsageError(f"cache dir {root} does not exist; install a bundle into it first "
                              "(or pass bundle=...)")
-    _, variables = prepare(bundle, cache_dir, force)
+    _, variables = prepare(bundle, cache_dir, force, policy(require_signature, trusted_keys) if bundle else None)
     _refuse_if_pinned(variables["TRITON_CACHE_DIR"])
     if any(flashinfer.is_site_path(p) for p in variables.get("PYTHONPATH", "").split(os.pathsep)):
         _refuse_if_flashinfer_loaded()
@@ -167,16 +193,20 @@ def activate(*, bundle: str | os.PathLike | None = None, cache_dir: str | os.Pat
     _extend_sys_path(variables.get("PYTHONPATH", ""))
     if kernelcache_tritonkey.ENV_VAR in variables:  # sitecustomize runs in children only
         kernelcache_tritonkey.seed_on_import(variables[kernelcache_tritonkey.ENV_VAR])
+    if kernelcache_autotune.ENV_VAR in variables:
+        kernelcache_autotune.guard_on_import()
     return variables
 
 
 def run(command: Sequence[str], bundle: str | os.PathLike | None = None,
         cache_dir: str | os.PathLike | None = None, force: bool = False, *, read_only: bool = False,
         base: str | os.PathLike | None = None, overlay: str | os.PathLike | None = None,
-        miss_log: str | os.PathLike | None = None) -> CacheEnvironment:
+        miss_log: str | os.PathLike | None = None, require_signature: bool | None = None,
+        trusted_keys: Sequence[str | os.PathLike] | None = None) -> CacheEnvironment:
     """Install ``bundle`` if given, then replace this process with ``command`` in the cache's environment.
 
     ``read_only`` and its options are ``env``'s; they serve an installed cache, so they take no bundle.
+    ``require_signature`` / ``trusted_keys``: the bundle's signature policy, as ``activate``'s.
     Returns only when ``command`` cannot be run (it raises then)."""
     if not command:
         raise UsageError("nothing to run: give a command after --")
@@ -186,7 +216,8 @@ def run(command: Sequence[str], bundle: str | os.PathLike | None = None,
         found = env(cache_dir, read_only=True, base=base, overlay=overlay, miss_log=miss_log)
     else:
         _no_overlay_options(base, overlay, miss_log)
-        found = CacheEnvironment(prepare(bundle, cache_dir, force)[1])
+        signature_policy = policy(require_signature, trusted_keys) if bundle is not None else None
+        found = CacheEnvironment(prepare(bundle, cache_dir, force, signature_policy)[1])
     exec_command(command, found.variables)
     return found
 

@@ -23,6 +23,7 @@ from ..bundle.envscan import distribution_version
 from ..cachedir import STATE_DIR
 from ..cachedir.flashinfer_site import SHIM_PACKAGE, SITE_DIR, ensure_site, installed_modules, providers
 from ..errors import FingerprintMismatch
+from .site.kernelcache_tritonkey import say
 from .workspace import workspace_base
 
 # -- the environment --------------------------------------------------------------------------------
@@ -46,6 +47,7 @@ def environment(cache_dir: Path, base: dict[str, str] | None = None) -> dict[str
         return {}
     version = distribution_version("flashinfer-python")
     if version is None:
+        say("FlashInfer modules", "not served", f"{len(modules)} installed, flashinfer-python is not installed here")
         return {}
     found, other = providers(root, version, modules)
     if not found:
@@ -54,6 +56,8 @@ def environment(cache_dir: Path, base: dict[str, str] | None = None) -> dict[str
             f"the FlashInfer modules in {root} were built for flashinfer {built}, but flashinfer {version} is "
             "installed; FlashInfer would compile them again", [("flashinfer", built, version)])
     site = ensure_site(root, found)
+    left_out = f"; {len(other)} module(s) of other versions left out" if other else ""
+    say("FlashInfer modules", f"served by {len(found)} provider(s) from {site}", f"flashinfer {version}{left_out}")
     paths = [site / "providers"] + ([] if real_shim_installed() else [site / "shim"])
     kept = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p and not is_site_path(p)]
     variables = {"PYTHONPATH": os.pathsep.join([*map(str, paths), *kept])}

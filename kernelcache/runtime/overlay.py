@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..cachedir import STATE_DIR, CacheDir, resolve_cache_dir
 from ..errors import BaseUnusable, StorageError, UsageError
-from .site import kernelcache_tritonkey
+from .site import kernelcache_autotune, kernelcache_tritonkey
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
 MANAGER = "kernelcache_overlay:OverlayCacheManager"
@@ -40,7 +40,12 @@ class Overlay:
             "KERNELCACHE_MISS_LOG": str(self.miss_log),
             "PYTHONPATH": os.pathsep.join(dict.fromkeys(path)),
             **self._triton_keys(),
+            **self._choices(),
         }
+
+    def _choices(self) -> dict[str, str]:
+        """Triton's autotune cache on, guarded, if a bundle installed in the base put autotune choices there."""
+        return kernelcache_autotune.environment() if CacheDir(self.base).choices_installed() else {}
 
     def _triton_keys(self) -> dict[str, str]:
         """The base's kept ``triton_key()`` values (runtime/site/kernelcache_tritonkey.py), if it has any."""
@@ -85,7 +90,7 @@ def check_base(root: Path) -> int:
         raise BaseUnusable(f"read-only base {root}: install receipt {path.name} is unreadable ({why}); reinstall "
                            "into it while it is still writable")
     for receipt in scan.receipts:
-        if not cache.installed_complete(receipt.digest, receipt.manifest):
+        if not cache.installed_complete(receipt.digest, receipt.manifest, receipt.choices):
             raise BaseUnusable(f"read-only base {root} lacks files of bundle {receipt.digest[:16]}")
     return len(scan.receipts)
 

@@ -91,8 +91,10 @@ def remember_served(root: str | os.PathLike, variables: dict[str, str], before: 
     """Keep ``variables``, computed for the cache dir ``root`` from this process's environment after ``before``
     (``snapshot``) was taken. A cache dir that cannot take the record only loses the speed-up."""
     root = cache_root(root)
-    if not _usable(root) or snapshot(root) != before:
-        return  # something changed while they were computed: nothing to vouch for
+    if not _usable(root) or snapshot(root) != before:  # not writable, or something changed while they were computed
+        _say("served variables", "not kept for the next start", f"{root} is not writable, an install there is "
+             "unfinished, or something changed while they were computed")
+        return
     inputs = _inputs(root)
     known = {p for p, _ in before["stamps"]}
     added = [p for p in dict.fromkeys(variables.get("PYTHONPATH", "").split(os.pathsep)) if p and p not in known]
@@ -107,30 +109,55 @@ def remember_served(root: str | os.PathLike, variables: dict[str, str], before: 
         path.parent.mkdir(exist_ok=True)
         atomic_write(path, json.dumps(record).encode())
         keep_newest(str(path.parent), KEEP)
-    except OSError:
+    except OSError as exc:
+        _say("served variables", "not kept for the next start", str(exc))
         return
+    _say("served variables", "kept for the next start", str(path))
 
 
 def find_served(cache_dir: str | os.PathLike | None) -> dict[str, str] | None:
     """The variables ``env`` computed for this cache dir and this process's inputs, when everything they rested
-    on holds now; None whenever they must be computed again."""
+    on holds now; None whenever they must be computed again. Under KERNELCACHE_DEBUG it says which, and why."""
     root = cache_root(cache_dir)
+    variables, why = _check(root)
+    _say("kept served variables", "used" if variables is not None else "refused, computed again", why)
+    return variables
+
+
+def _check(root: str) -> tuple[dict[str, str] | None, str]:
     inputs = _inputs(root)
     path = _record_path(root, inputs)
     record = _read(path)
-    if record is None or record.get("inputs") != inputs or not _usable(root):
-        return None
-    variables = record.get("variables")
-    if not isinstance(variables, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                  for k, v in variables.items()):
-        return None
-    if not _stamps_hold(record.get("stamps")) or record.get("workspace") != workspace_base(root, dict(os.environ)):
-        return None
+    if record is None:
+        return None, f"no readable record for these inputs: {path}"
+    if record.get("inputs") != inputs:
+        return None, f"{path} was kept for other inputs"
+    if not _usable(root):
+        return None, f"{root} is not writable or an install there is unfinished"
+    variables, stamps = record.get("variables"), record.get("stamps")
+    if not isinstance(variables, dict) or not isinstance(stamps, list) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in variables.items()):
+        return None, f"{path} is malformed"
+    for stamp in stamps:
+        if not (isinstance(stamp, list) and len(stamp) == 2 and isinstance(stamp[0], str)):
+            return None, f"{path} is malformed"
+        if _stamp(stamp[0]) != stamp[1]:
+            return None, f"{stamp[0]} changed since the record"
+    if record.get("workspace") != workspace_base(root, dict(os.environ)):
+        return None, "FlashInfer's workspace choice changed"
     try:  # noqa: SIM105 -- contextlib is one more import on every pod start
         os.utime(path)  # served now: last_served reads it
     except OSError:
         pass
-    return variables
+    return variables, f"every stamp in {path} holds"
+
+
+def _say(subject: str, outcome: str, why: str) -> None:
+    """The debug log's line (runtime/site/kernelcache_tritonkey.say), importing nothing when it is off."""
+    if os.environ.get("KERNELCACHE_DEBUG", "") not in ("", "0"):
+        from .site.kernelcache_tritonkey import say
+
+        say(subject, outcome, why)
 
 
 def _read(path: str) -> dict | None:

@@ -3,14 +3,17 @@
 
 One fresh process per run (``run``): ``TRITON_CACHE_DIR`` is set before Triton is imported, kernelcache's compile
 listener counts every ``compile()`` call (``cache_hit`` or a real compile, the autotuner's benchmark compiles
-included) and every gcc build of a launcher, and the layer, its state and its metadata are the ones kernelcache's
-``mamba`` exercise builds (exercise/vllm_mamba.py: ``MambaMixer2`` -> ``Mamba2AttentionMetadataBuilder`` ->
-``MambaMixer2.forward``), natively: vLLM's CUDA platform, Triton's real autotuner. The C op the pure-Python vLLM
-tree lacks (``_C::cutlass_scaled_mm_supports_fp8``, an import-time capability query) is answered in Python (listed
-in the output). Steps: a fresh prefill over several chunks, its decode, decode batches, a mixed batch, a chunked
-prefill continuing at an offset, a full ``MAX_TOKENS`` prefill. Weights and inputs are seeded, so two runs compute
-the same thing given the same autotune choices; the chosen configs are recorded per run. ``reference`` checks the
-first prefill and its decode against a plain fp32 torch Mamba-2 (conv, selective scan, gated group RMSNorm).
+included) and every gcc build of a launcher, kernelcache's autotune log (exercise/autotune_log.py) counts every
+candidate config Triton's autotuner times (``Autotuner._bench``) and every lookup of a kept choice
+(``Autotuner.check_disk_cache``: a hit times nothing), and the layer, its state and its metadata are the ones
+kernelcache's ``mamba`` exercise builds (exercise/vllm_mamba.py: ``MambaMixer2`` ->
+``Mamba2AttentionMetadataBuilder`` -> ``MambaMixer2.forward``), natively: vLLM's CUDA platform, Triton's real
+autotuner. The C op the pure-Python vLLM tree lacks (``_C::cutlass_scaled_mm_supports_fp8``, an import-time
+capability query) is answered in Python (listed in the output). Steps: a fresh prefill over several chunks, its
+decode, decode batches, a mixed batch, a chunked prefill continuing at an offset, a full ``MAX_TOKENS`` prefill.
+Weights and inputs are seeded, so two runs compute the same thing given the same autotune choices; the chosen
+configs are recorded per run. ``reference`` checks the first prefill and its decode against a plain fp32 torch
+Mamba-2 (conv, selective scan, gated group RMSNorm).
 
     python scripts/gpu/mamba_check.py run --cache-dir D --out R.json --outputs O.pt
     python scripts/gpu/mamba_check.py compare A.pt B.pt
@@ -52,6 +55,10 @@ def run(args) -> dict:
     gcc = Path(args.out).with_suffix(".gcc.jsonl")
     listener.install(also=records.append)
     listener.count_builds(str(gcc))
+    from kernelcache.exercise import autotune_log
+
+    tuned: list[dict] = []
+    autotune_log.install(also=tuned.append)
     from kernelcache.exercise import vllm_mamba as vm
 
     substitutions = vm.prepare()
@@ -62,34 +69,42 @@ def run(args) -> dict:
         layer = vm.make_layer(dims, MAX_SEQS, MAX_TOKENS)
         calls, outputs, inputs = [], {}, {}
         for label, requests in steps():
-            calls.append(timed_step(layer, label, vm.Batch(requests), records, outputs, inputs))
+            calls.append(timed_step(layer, label, vm.Batch(requests), records, tuned, outputs, inputs))
     torch.save({"outputs": outputs, "inputs": inputs}, args.outputs)
     return {"cache_dir": args.cache_dir, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "describe": vm.describe(layer),
             "substitutions": substitutions, "calls": calls, "first_call_s": calls[0]["seconds"],
             "total_s": round(sum(c["seconds"] for c in calls), 4),
             "compiles": sum(c["compiles"] for c in calls), "hits": sum(c["hits"] for c in calls),
-            "gcc_builds": len(listener.read(str(gcc))), "autotune": chosen(), "autotune_json": autotune_json(args),
-            "reference": reference(layer, outputs, inputs)}
+            "gcc_builds": len(listener.read(str(gcc))), "benchmarks": sum(c["benchmarks"] for c in calls),
+            "autotune_hits": sum(c["autotune_hits"] for c in calls),
+            "autotune_misses": sum(c["autotune_misses"] for c in calls),
+            "autotune_cache": os.environ.get("TRITON_CACHE_AUTOTUNING"),
+            "autotune_guard": os.environ.get("KERNELCACHE_AUTOTUNE_CHECK"),
+            "autotune": chosen(), "autotune_json": autotune_json(args), "reference": reference(layer, outputs, inputs)}
 
 
-def timed_step(layer, label: str, batch, records: list[dict], outputs: dict, inputs: dict) -> dict:
+def timed_step(layer, label: str, batch, records: list[dict], tuned: list[dict], outputs: dict,
+               inputs: dict) -> dict:
     import torch
 
     from kernelcache.exercise import vllm_mamba as vm
 
     hidden = vm.random_hidden(layer, batch)
-    seen = len(records)
+    seen, looked = len(records), len(tuned)
     torch.cuda.synchronize()
     started = time.perf_counter()
     out = vm.forward(layer, batch, hidden)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - started
     outputs[label], inputs[label] = out.float().cpu(), hidden.cpu()
-    new = records[seen:]
+    new, lookups = records[seen:], tuned[looked:]
+    timed = [r for r in lookups if r["event"] == "autotune_bench"]
+    kept = [r for r in lookups if r["event"] == "autotune"]
     return {"step": label, "tokens": batch.num_tokens, "seconds": round(seconds, 4),
             "compiles": sum(not r["cache_hit"] for r in new), "hits": sum(bool(r["cache_hit"]) for r in new),
-            "by_kernel": count_by_kernel(new)}
+            "benchmarks": len(timed), "autotune_hits": sum(r["hit"] for r in kept),
+            "autotune_misses": sum(not r["hit"] for r in kept), "by_kernel": count_by_kernel(new)}
 
 
 def count_by_kernel(records: list[dict]) -> dict:

@@ -3,9 +3,10 @@
 Written without kernelcache's exercise code (only its fake driver and fake CUDA tensors, "the same
 fake target"): its own minimal CUDA platform, vLLM's JitWarmupRegistry called directly, MRV1's
 Sampler on every batch size in a range, MRV2's seeded chain called directly. Prints one JSON line
-per compile() call: {"name", "key", "hit"}.
+per compile() call: {"name", "key", "hit"}. PATHS (comma-separated; default all three) picks what runs:
+registry, mrv1, mrv2.
 
-    python vllm_keys.py CAPABILITY SM_COUNT VOCAB MAX_NUM_SEQS
+    python vllm_keys.py CAPABILITY SM_COUNT VOCAB MAX_NUM_SEQS [PATHS]
 """
 
 import sys
@@ -13,6 +14,8 @@ import sys
 import probe_target  # this folder: the fake target, a CUDA platform, the compile log
 
 capability, sm_count, vocab, max_num_seqs = map(int, sys.argv[1:5])
+paths = set(sys.argv[5].split(",")) if len(sys.argv) > 5 else {"registry", "mrv1", "mrv2"}
+assert paths <= {"registry", "mrv1", "mrv2"}, paths
 events = probe_target.start(capability, sm_count)
 
 import torch  # noqa: E402
@@ -29,10 +32,11 @@ from kernelcache.exercise.fake_device import fake_cuda  # noqa: E402
 ns = __import__("types").SimpleNamespace
 config = ns(model_config=ns(get_vocab_size=lambda: vocab), scheduler_config=ns(max_num_seqs=max_num_seqs),
             num_speculative_tokens=0)
-registry = JitWarmupRegistry(config)
-with registry.activate():
-    register_top_k_top_p_warmups()
-registry.warmup()
+if "registry" in paths:
+    registry = JitWarmupRegistry(config)
+    with registry.activate():
+        register_top_k_top_p_warmups()
+    registry.warmup()
 
 batches = sorted(set(range(1, 70)) | {100, max_num_seqs})
 sampler = Sampler()
@@ -55,7 +59,10 @@ with fake_cuda():
                 frequency_penalties=full(0.1), presence_penalties=full(0.1), repetition_penalties=full(0.1),
                 output_token_ids=[[] for _ in range(b)], spec_token_ids=[[] for _ in range(b)],
                 allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=LogitsProcessors())
-            sampler(logits=lm_head(b, torch.float32), sampling_metadata=md)
+            if "mrv1" in paths:
+                sampler(logits=lm_head(b, torch.float32), sampling_metadata=md)
+            if "mrv2" not in paths:
+                continue
             # MRV2 seeded: fp32 copy, temperature, min-p, top-k/top-p, Gumbel (v1/worker/gpu/sample/sampler.py)
             logits = torch.empty_like(lm_head(b, torch.bfloat16), dtype=torch.float32)
             idx = torch.arange(b, dtype=torch.int64, device="cuda")

@@ -82,6 +82,17 @@ def _current(entry: dict | None) -> bool:
     return bool(entry) and entry["locale"] == _locale() and _stats(tuple(entry["files"])) == entry["files"]
 
 
+def _stale(entry: dict | None) -> str:
+    """Why ``entry`` does not hold now (what the debug log says); "" when it does."""
+    if not entry:
+        return "no kept entry for this command"
+    if entry["locale"] != _locale():
+        return "the locale variables differ from the recorded ones"
+    now = _stats(tuple(entry["files"])) or {}
+    changed = [path for path, stat in entry["files"].items() if now.get(path) != stat]
+    return f"{changed[0]} is not the recorded file (size, mtime, ctime)" if changed else ""
+
+
 def load(folder: str) -> dict[tuple[str, ...], dict]:
     """The kept entries by command; an unreadable or malformed record keeps nothing."""
     import json
@@ -119,11 +130,22 @@ def keep(folder: str, commands: list[list[str]]) -> None:
 
 
 def _write(folder: str, record: dict) -> None:
+    _base().write_json(os.path.join(folder, RECORD), record)
+
+
+def _base():
+    """The sibling ``kernelcache_tritonkey``, whichever way this module was imported."""
     try:
         from . import kernelcache_tritonkey  # imported as kernelcache.runtime.site.kernelcache_outputs
     except ImportError:
         import kernelcache_tritonkey  # imported from the served site dir
-    kernelcache_tritonkey.write_json(os.path.join(folder, RECORD), record)
+    return kernelcache_tritonkey
+
+
+def _say(argv: tuple, outcome: str, why: str) -> None:
+    base = _base()
+    if base.debugging():
+        base.say(f"`{' '.join(map(str, argv))}`", outcome, why)
 
 
 class KeptOutputs:
@@ -155,7 +177,11 @@ class KeptOutputs:
         entry = self._kept.get(argv)
         if entry is None and argv and isinstance(argv[0], str):  # the install names each file by its real path
             entry = self._kept.get((os.path.realpath(argv[0]), *argv[1:]))
-        return entry["stdout"].encode("latin-1") if _current(entry) else None
+        if _current(entry):
+            _say(argv, "kept output used", f"recorded in {os.path.join(self._folder, RECORD)}")
+            return entry["stdout"].encode("latin-1")
+        _say(argv, "refused the kept output, the command runs", _stale(entry))
+        return None
 
 
 @functools.cache

@@ -46,9 +46,13 @@ def activate(module, root: str) -> None:
 
     def _build(name, src, srcdir, *args, **kwargs):
         knobs = getattr(module, "knobs", None)
-        found = None if getattr(getattr(knobs, "build", None), "impl", None) else finder.find(name, src)
+        own = getattr(getattr(knobs, "build", None), "impl", None)
+        found = None if own else finder.find(name, src)
         if found is None:
+            _say(name, "not taken from the cache, Triton builds it",
+                 "knobs.build.impl is set" if own else f"no module built from this source in {root}")
             return original(name, src, srcdir, *args, **kwargs)
+        _say(name, "taken from the cache instead of a gcc build", found)
         return _copy(found, srcdir, name)
 
     _build.kernelcache_prebuilt_root = root
@@ -141,6 +145,14 @@ def _copy(found: str, srcdir: str, name: str) -> str:
     shutil.copyfile(found, target)
     SERVED.add(target)
     return target
+
+
+def _say(name: str, outcome: str, why: str) -> None:
+    try:
+        from . import kernelcache_tritonkey  # imported as kernelcache.runtime.site.kernelcache_prebuilt
+    except ImportError:
+        import kernelcache_tritonkey  # imported from the served site dir
+    kernelcache_tritonkey.say(f"helper module {name}", outcome, why)
 
 
 def served_by_cache(path: str) -> bool:

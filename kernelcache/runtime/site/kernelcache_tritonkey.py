@@ -34,6 +34,19 @@ import sys
 
 SOURCES = ("compiler", "backends", "language")  # the packages triton_key() walks, besides runtime/cache.py
 ENV_VAR = "KERNELCACHE_TRITON_KEYS"
+DEBUG_ENV = "KERNELCACHE_DEBUG"  # set (not "" or "0"): each kept record used or refused is said on stderr
+
+
+def debugging() -> bool:
+    """Whether ``KERNELCACHE_DEBUG`` asks for the log (one environment lookup: free when it is unset)."""
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def say(subject: str, outcome: str, why: str = "") -> None:
+    """One line on stderr, ``kernelcache[pid]: subject: outcome (why)``, when ``KERNELCACHE_DEBUG`` is set."""
+    if debugging():
+        print(f"kernelcache[{os.getpid()}]: {subject}: {outcome}" + (f" ({why})" if why else ""), file=sys.stderr,
+              flush=True)
 
 
 def triton_files(root: str) -> dict[str, list[int]]:
@@ -74,34 +87,52 @@ def triton_root(cache_module) -> str:
 
 def kept_key(folder: str, root: str) -> str | None:
     """The key kept for ``root`` in ``folder`` if every file it was computed from is unchanged, else None."""
+    return check_key(folder, root)[0]
+
+
+def check_key(folder: str, root: str) -> tuple[str | None, str]:
+    """(the kept key or None, why): what ``kept_key`` decides, and the reason it says under KERNELCACHE_DEBUG."""
     import json
     import sysconfig
 
+    path = record_path(folder, root)
     try:
-        with open(record_path(folder, root), encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             record = json.load(f)
-    except (OSError, ValueError):
-        return None
+    except OSError:
+        return None, f"no record {path}"
+    except ValueError:
+        return None, f"unreadable record {path}"
     if not isinstance(record, dict) or record.get("root") != root:
-        return None
+        return None, f"the record names another Triton dir than {root}"
     key = record.get("triton_key")
     if record.get("suffix") != sysconfig.get_config_var("EXT_SUFFIX") or not isinstance(key, str) or not key:
-        return None
+        return None, "the record is for another interpreter (extension suffix) or holds no key"
     files = triton_files(root)
     if record.get("files") == files:
-        return key
-    if not _same_contents(root, record.get("content"), files):
-        return None
-    with contextlib.suppress(OSError):  # a read-only cache keeps the old stats: the next process checks again
+        return key, f"every file's stat as recorded in {path}"
+    changed = _first_difference(root, record.get("content"), files)
+    if changed:
+        return None, changed
+    try:  # a read-only cache keeps the old stats: the next process checks again
         _write(folder, root, {**record, "files": files})
-    return key
+        restamped = "record restamped"
+    except OSError:
+        restamped = "record read-only, not restamped"
+    return key, f"new stats, same contents ({restamped})"
 
 
-def _same_contents(root: str, content, files: dict) -> bool:
-    """Whether ``files`` (this walk) are the recorded files, each with the recorded identity."""
-    if not isinstance(content, dict) or set(content) != set(files):
-        return False
-    return all(ident is not None and identity(os.path.join(root, rel)) == ident for rel, ident in content.items())
+def _first_difference(root: str, content, files: dict) -> str:
+    """Why ``files`` (this walk) are not the recorded files with the recorded identities; "" when they are."""
+    if not isinstance(content, dict):
+        return "files changed since the record and it keeps no contents"
+    if set(content) != set(files):
+        extra = sorted(set(content) ^ set(files))
+        return f"{len(extra)} file(s) added or removed, e.g. {extra[0]}"
+    for rel, ident in content.items():
+        if ident is None or identity(os.path.join(root, rel)) != ident:
+            return f"contents changed: {rel}"
+    return ""
 
 
 def identity(path: str) -> str | None:
@@ -182,7 +213,7 @@ def write_json(path: str, record: dict) -> None:
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(record, f)
+            f.write(json.dumps(record))  # one string from the C encoder: json.dump writes piece by piece
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -199,7 +230,9 @@ def seed(cache_module, folder: str | None = None) -> None:
 
     @functools.cache
     def triton_key() -> str:
-        return kept_key(folder, root) or original()
+        key, why = check_key(folder, root)
+        say("triton_key()", "kept value used" if key else "refused the kept value, Triton computes it", why)
+        return key or original()
 
     triton_key.kernelcache_seeded = True
     triton_key.__wrapped__ = original
@@ -233,16 +266,20 @@ class AfterImport:
 
 
 CACHE_MODULE = "triton.runtime.cache"
+JIT_MODULE = "triton.runtime.jit"
 
 
 def seed_on_import(folder: str) -> None:
     """Seed this process from ``folder``: ``triton.runtime.cache``'s key, the kept tool outputs of Triton's
-    modules (kernelcache_outputs) and the helper modules its gcc step would build (kernelcache_prebuilt); each
-    module now if it is imported, else when it is."""
+    modules (kernelcache_outputs), the helper modules its gcc step would build (kernelcache_prebuilt) and the
+    kept dependency walks of its ``@jit`` functions (kernelcache_walks); each module now if it is imported, else
+    when it is."""
     outputs, prebuilt = _site_module("kernelcache_outputs"), _site_module("kernelcache_prebuilt")
     hooks = [(CACHE_MODULE, functools.partial(seed, folder=folder), "triton_key")]
     hooks += [(name, functools.partial(outputs.seed, folder=folder), "outputs") for name in outputs.MODULES]
     hooks += [(prebuilt.MODULE, functools.partial(prebuilt.seed, folder=folder), "prebuilt")]
+    if os.environ.get("KERNELCACHE_REPLAY_WALKS", "1") != "0":  # kernelcache_walks.OFF_ENV
+        hooks += [(JIT_MODULE, functools.partial(_site_module("kernelcache_walks").seed, folder=folder), "walks")]
     for name, then, tag in hooks:
         module = sys.modules.get(name)
         if module is not None:

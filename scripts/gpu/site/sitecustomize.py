@@ -36,13 +36,16 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 sys.meta_path.insert(0, _StubFinder())
 
-# chain kernelcache's own hook (compile log) when it is on the path too
+# Chain kernelcache's own hook (compile log) when it is on the path too, but only when Python imported this file as
+# `sitecustomize`: kernelcache's sitecustomize runs the one it shadows (this one) itself, and chaining back from
+# there would run the two in turn until the recursion limit.
 import importlib.util  # noqa: E402
 import os  # noqa: E402
 
 _here = os.path.dirname(os.path.abspath(__file__))
-_spec = importlib.machinery.PathFinder.find_spec("sitecustomize", [p for p in sys.path
-                                                                  if os.path.abspath(p or ".") != _here])
-if _spec is not None and _spec.loader is not None:
-    _module = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_module)
+if getattr(sys.modules.get("sitecustomize"), "__dict__", None) is globals():
+    _spec = importlib.machinery.PathFinder.find_spec("sitecustomize", [p for p in sys.path
+                                                                      if os.path.abspath(p or ".") != _here])
+    if _spec is not None and _spec.loader is not None:
+        _module = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(_module)

@@ -1,0 +1,85 @@
+"""Release artifacts (issue 25): scripts/release.sh builds the sdist and the wheel of the commit reproducibly; the
+wheel carries the package with its data and nothing else of the checkout; its metadata says what is tested; and
+``kernelcache --version`` answers without loading click."""
+
+from __future__ import annotations
+
+import calendar
+import email.parser
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+
+import pytest
+from helpers.common import ROOT, entry_point
+from helpers.wheel import release
+
+import kernelcache
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    """Two release builds of HEAD, one after the other, into two directories."""
+    top = tmp_path_factory.mktemp("release")
+    return release(top / "first", tree="head"), release(top / "second", tree="head")
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def test_two_builds_of_one_commit_are_the_same_bytes(artifacts):
+    first, second = artifacts
+    assert [p.name for p in first] == [p.name for p in second]
+    assert [p.read_bytes() for p in first] == [p.read_bytes() for p in second]
+
+
+def test_every_time_stamp_is_the_commits(artifacts):
+    (sdist, wheel), _ = artifacts
+    committed = int(git("log", "-1", "--format=%ct", "HEAD"))
+    with zipfile.ZipFile(wheel) as archive:  # zip keeps even seconds, in the local time of no zone
+        assert {committed - calendar.timegm(i.date_time + (0, 0, 0)) for i in archive.infolist()} <= {0, 1}
+    with tarfile.open(sdist) as archive:
+        assert {m.mtime for m in archive.getmembers()} == {committed}
+
+
+def test_the_wheel_holds_the_committed_package_and_its_data_only(artifacts):
+    (sdist, wheel), _ = artifacts
+    committed = set(git("ls-tree", "-r", "--name-only", "HEAD", "kernelcache").split())
+    assert {"kernelcache/recipes/vllm-sampler.toml", "kernelcache/recipes/models/qwen3-30b-a3b.toml",
+            "kernelcache/runtime/site/kernelcache_prebuilt.py"} <= committed
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    info = f"kernelcache-{kernelcache.__version__}.dist-info/"
+    assert {n for n in names if not n.startswith(info)} == committed
+    with tarfile.open(sdist) as archive:
+        top = {m.name.split("/", 2)[1] for m in archive.getmembers() if m.name.count("/")}
+    assert {"kernelcache", "tests", "docs", "examples", "scripts", "CHANGELOG.md", "LICENSE", "pyproject.toml",
+            "README.md", "PKG-INFO"} <= top and ".ci" not in top
+
+
+def test_the_metadata_states_license_python_and_version(artifacts):
+    (_, wheel), _ = artifacts
+    with zipfile.ZipFile(wheel) as archive:
+        info = f"kernelcache-{kernelcache.__version__}.dist-info/"
+        metadata = email.parser.Parser().parsestr(archive.read(info + "METADATA").decode())
+        entry_points = archive.read(info + "entry_points.txt").decode()
+    assert metadata["Version"] == kernelcache.__version__
+    assert metadata["License-Expression"] == "Apache-2.0" and metadata["Requires-Python"] == ">=3.12"
+    classifiers = metadata.get_all("Classifier")
+    assert "Programming Language :: Python :: 3.12" in classifiers
+    assert not [c for c in classifiers if re.search(r"Python :: 3\.(?!12)\d+", c)]  # only what CI runs
+    required = sorted(r for r in metadata.get_all("Requires-Dist") if "extra ==" not in r)
+    assert required == ["click>=8.1", "filelock>=3.12", "rich>=13", "zstandard>=0.22"]  # torch, Triton: the image's
+    assert "kernelcache = kernelcache.entry:main" in entry_points
+    assert f"## {kernelcache.__version__}" in (ROOT / "CHANGELOG.md").read_text()
+
+
+def test_version_is_answered_without_click_and_says_what_click_says():
+    seen, done = entry_point("--version", watched=("click", "rich", "kernelcache.cli"))
+    assert seen == {"exit": 0, "imported": []}
+    code = "import sys; from kernelcache.cli import main; main(['--version'], prog_name='kernelcache')"
+    clicked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout == clicked.stdout == f"kernelcache, version {kernelcache.__version__}\n"
