@@ -215,7 +215,8 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
     compiled = [r for r in records if not r.cache_hit]
     return TargetResult(target, tuple(bundles), time.perf_counter() - started,
                         sum((r.compile_us or 0) for r in compiled) / 1e6, len(compiled), coverage,
-                        tuple(found.skipped), BuildCacheCounts.of(cache and cache.location, run.log.build_cache))
+                        tuple(found.skipped),
+                        build_cache=BuildCacheCounts.of(cache and cache.location, run.log.build_cache))
 
 
 def device_keys_of(records: tuple[dict, ...], profile: GpuProfile) -> DeviceKeys | None:
