@@ -202,7 +202,7 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
     missing = sorted({r.key for r in records} - {e.key for e in found.kernels})
     if missing:
         raise BuildFailed(f"{len(missing)} compiled kernel(s) are missing from the cache, e.g. {missing[0]}")
-    flashinfer = _flashinfer_modules(plan, target, work)
+    flashinfer, flashinfer_cache = _flashinfer_modules(plan, target, work, cache)
     bundles = []
     for profile in target.profiles:
         name = f"{plan.name}-{target.arch}-{profile.name}.tar.zst"
@@ -216,7 +216,8 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
     return TargetResult(target, tuple(bundles), time.perf_counter() - started,
                         sum((r.compile_us or 0) for r in compiled) / 1e6, len(compiled), coverage,
                         tuple(found.skipped),
-                        build_cache=BuildCacheCounts.of(cache and cache.location, run.log.build_cache))
+                        build_cache=BuildCacheCounts.of(cache and cache.location, run.log.build_cache,
+                                                        flashinfer_cache))
 
 
 def device_keys_of(records: tuple[dict, ...], profile: GpuProfile) -> DeviceKeys | None:
@@ -252,15 +253,21 @@ def _identity(results: tuple[WorkerResult, ...]) -> TritonIdentity | None:
     return manifest_identity(only) if only else None
 
 
-def _flashinfer_modules(plan: BuildPlan, target: BuildTarget, work: Path) -> tuple:
-    """FlashInfer's ``sampling`` module: built for the arch (cross), or what vLLM's path JIT-built (native)."""
+def _flashinfer_modules(plan: BuildPlan, target: BuildTarget, work: Path,
+                        cache: BuildCacheSpec | None = None) -> tuple[tuple, str | None]:
+    """FlashInfer's ``sampling`` module: built for the arch (cross; taken from the build cache when it has it), or
+    what vLLM's path JIT-built (native); and what the build cache did (buildcache/flashinfer.py)."""
     if "flashinfer" not in plan.paths:
-        return ()
+        return (), None
     if target.mode == "native":
-        return flashinfer_jit_module(plan, target, work)
+        return flashinfer_jit_module(plan, target, work), None
+    from .buildcache.flashinfer import module_key, take_or_build
     from .exercise import flashinfer as fi_build
 
-    return (fi_build.build_sampling(target.arch, work / "flashinfer", jobs=min(2, os.cpu_count() or 1)),)
+    key = module_key(fi_build.arch_list(target.arch), fi_build.ensure_toolchain().cuda)
+    built, outcome = take_or_build(cache, key, lambda: fi_build.build_sampling(
+        target.arch, work / "flashinfer", jobs=min(2, os.cpu_count() or 1)))
+    return (built,), outcome
 
 
 def _plan_record(plan: BuildPlan, target: BuildTarget) -> dict:

@@ -653,7 +653,8 @@ def _build_summary(target) -> None:
     if cache.location:
         out.print(f"build cache {cache.location}: {cache.reused} kernels and {cache.reused_modules} modules reused, "
                   f"{cache.published} entries added" + (f", {cache.corrupt} corrupt ones compiled again"
-                                                         if cache.corrupt else ""), markup=False)
+                                                         if cache.corrupt else "")
+                  + (f"; FlashInfer's module {cache.flashinfer}" if cache.flashinfer else ""), markup=False)
     for problem in cache.errors[:3]:
         err.print(f"warning: build cache {cache.location}: {problem}", markup=False)
     for bundle in target.bundles:

@@ -47,7 +47,7 @@ def sampling90(tmp_path_factory):
     """FlashInfer's sampling module really built for sm_90 (about 100 s on 2 cores): (module, members, workdir).
 
     Every FlashInfer test reuses this one build. It runs as users run it, ``kernelcache build --path
-    flashinfer`` (its bundle lands in ``workdir.parents[2] / "out"``); rerunning
+    flashinfer`` (its bundle lands in ``workdir.parents[2] / "out"``, its build cache in ``.../build-cache``); rerunning
     ``build_sampling`` in its kept work dir then finds nothing to do and returns the module and members.
     KERNELCACHE_TEST_FLASHINFER_WORKDIR keeps a build dir between runs while developing; CI leaves it unset.
     """
@@ -61,7 +61,8 @@ def sampling90(tmp_path_factory):
     else:
         scratch = tmp_path_factory.mktemp("fi-build90")
         kc("build", "--arch", "sm_90", "--gpu", "h200", "--path", "flashinfer", "--mode", "cross",
-           "--workdir", str(scratch / "work"), "-o", str(scratch / "out"), check=True, timeout=1800)
+           "--workdir", str(scratch / "work"), "-o", str(scratch / "out"),
+           "--build-cache", str(scratch / "build-cache"), check=True, timeout=1800)
         workdir = scratch / "work" / "sm_90-132sm" / "flashinfer"
     module, members = build_sampling("sm_90", workdir, jobs=2)
     return module, members, workdir

@@ -122,18 +122,24 @@ class BuildCacheCounts:
     corrupt: int = 0  # entries found that failed their check: compiled again and written anew
     foreign: int = 0  # entries whose files embed paths of another install: compiled here, not reused
     errors: tuple[str, ...] = field(default_factory=tuple)  # store failures (the build went on without it)
+    flashinfer: str | None = None  # FlashInfer's module: "reused", "published", "corrupt" (built again); None: none
 
     @classmethod
-    def of(cls, location: str | None, events: tuple[dict, ...]) -> BuildCacheCounts:
+    def of(cls, location: str | None, events: tuple[dict, ...], flashinfer: str | None = None) -> BuildCacheCounts:
+        """From the exercise processes' ``build_cache`` log records, and what FlashInfer's module did
+        (buildcache/flashinfer.py ``take_or_build``)."""
         seen = {(e.get("outcome"), e.get("kind"), e.get("key")) for e in events}
         counts = Counter((outcome, kind) for outcome, kind, _ in seen)
-        errors = tuple(sorted({str(e.get("detail")) for e in events if e.get("outcome") == "error"}))
+        errors = {str(e.get("detail")) for e in events if e.get("outcome") == "error"}
+        if flashinfer and flashinfer.startswith("error: "):
+            errors.add(f"FlashInfer's module: {flashinfer.removeprefix('error: ')}")
         return cls(location, counts[("hit", "kernel")], counts[("hit", "module")],
                    sum(n for (outcome, _), n in counts.items() if outcome == "published"),
                    sum(n for (outcome, _), n in counts.items() if outcome == "corrupt"),
-                   sum(n for (outcome, _), n in counts.items() if outcome == "foreign"), errors)
+                   sum(n for (outcome, _), n in counts.items() if outcome == "foreign"), tuple(sorted(errors)),
+                   flashinfer.split(":")[0] if flashinfer else None)
 
     def to_dict(self) -> dict:
         return {"location": self.location, "reused": self.reused, "reused_modules": self.reused_modules,
                 "published": self.published, "corrupt": self.corrupt, "foreign": self.foreign,
-                "errors": list(self.errors)}
+                "errors": list(self.errors), "flashinfer": self.flashinfer}
