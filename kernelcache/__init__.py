@@ -42,11 +42,13 @@ _API = {
     "recipes": "kernelcache.plan.catalog:recipes",
     "sign": "kernelcache.bundle.signature:sign",
     "signature_info": "kernelcache.bundle.signature:signature_info",
+    "ls_build_cache": "kernelcache.manage:ls_build_cache",
+    "prune_build_cache": "kernelcache.manage:prune_build_cache",
 }
 
-__all__ = ["__version__", "activate", "build", "capture", "diff", "env", "fetch", "inspect", "install", "ls", "merge",
-           "pack", "plan_install", "prune", "pull", "push", "recipes", "rm", "run", "sign", "signature_info", "tune",
-           "verify"]
+__all__ = ["__version__", "activate", "build", "capture", "diff", "env", "fetch", "inspect", "install", "ls",
+           "ls_build_cache", "merge", "pack", "plan_install", "prune", "prune_build_cache", "pull", "push", "recipes",
+           "rm", "run", "sign", "signature_info", "tune", "verify"]
 
 if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load on first use
     from typing import Any
@@ -58,7 +60,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load
     from .bundle.signature import sign, signature_info
     from .capture import capture
     from .install import install, plan_install
-    from .manage import ls, prune, rm
+    from .manage import ls, ls_build_cache, prune, prune_build_cache, rm
     from .plan.catalog import recipes
     from .remote import fetch, pull
     from .remote.oci import push

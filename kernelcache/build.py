@@ -9,6 +9,10 @@
 4. harvest.py reads the cache with that log; bundle/make.py writes one bundle per GPU profile, with
    the plan, the coverage (which specializations of which kernel each path produced) and the
    environment fingerprint; with ``sign``, bundle/signature.py signs each (``B.tar.zst.sig`` beside it).
+
+With a build cache (buildcache/__init__.py; on by default) the exercise processes take every key an earlier
+build compiled from it and publish what they compile to it; the bundles are the same bytes either way, and
+each ``TargetResult`` counts what was reused.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from . import __version__
+from .buildcache import BuildCacheCounts, BuildCacheSpec
+from .buildcache import check as check_build_cache
+from .buildcache import resolve as resolve_build_cache
 from .bundle.archive import source_date_epoch
 from .bundle.fingerprint import local_environment
 from .bundle.identity import identity_here
@@ -61,10 +68,12 @@ class TargetResult:
     coverage: dict
     skipped: tuple[dict, ...] = ()
     signatures: tuple[SignResult, ...] = ()  # with ``build(sign=...)``: one per bundle
+    build_cache: BuildCacheCounts = field(default_factory=BuildCacheCounts)  # what the build cache gave and took
 
     def to_dict(self) -> dict:
         return {"arch": self.target.arch, "sm_count": self.target.sm_count, "mode": self.target.mode,
                 "seconds": self.seconds, "compiles": self.compiles, "compile_seconds": self.compile_seconds,
+                "reused": self.build_cache.reused, "build_cache": self.build_cache.to_dict(),
                 "coverage": self.coverage, "bundles": [_bundle_dict(b) for b in self.bundles],
                 "signatures": [s.to_dict() for s in self.signatures]}
 
@@ -91,6 +100,7 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
           keep_ir: bool = False, workdir: str | os.PathLike | None = None, extra_tasks: tuple[Task, ...] = (),
           progress: Callable[[str, int, int], None] | None = None, from_misses: list[str] | None = None,
           target_env: str | os.PathLike | None = None, sign: str | os.PathLike | None = None,
+          build_cache: str | os.PathLike | bool | None = None,
           **flags) -> BuildResult:
     """Build one bundle per GPU profile of ``arch`` from a recipe (``overrides`` change its plan).
 
@@ -100,16 +110,20 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
     environment (``kernelcache fingerprint --json``); the build stops before compiling anything if
     ``install`` would refuse its bundles there. A cross build of FlashInfer's module fetches its CUDA
     toolchain first when none is here (exercise/flashinfer.py: ``ensure_toolchain``). ``sign``: a private key
-    file that signs each bundle (``kernelcache sign``), read before anything is compiled.
+    file that signs each bundle (``kernelcache sign``), read before anything is compiled. ``build_cache``: a
+    directory or URL to take compiled kernels from and publish them to, False for none, None for the default
+    (``KERNELCACHE_BUILD_CACHE``, else the user cache dir; buildcache/__init__.py).
     """
     arch = capability_to_arch(flag_capability(arch))
     signer = load_signing_key(sign) if sign is not None else None
     there = _load_target_env(target_env)
     plan = load(recipe).override(overrides or PlanOverrides(**flags))
     check_paths(plan)
+    cache = resolve_build_cache(build_cache)
     targets = plan_targets(plan, arch, mode, visible_gpus() if mode != "cross" else [])
     if there is not None:
         check_target_env(plan, targets, there, str(target_env), bool(extra_tasks or from_misses))
+    check_build_cache(cache)
     if "flashinfer" in plan.paths and any(t.mode == "cross" for t in targets):
         from .exercise.flashinfer import ensure_toolchain
 
@@ -126,7 +140,8 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
             if work.exists():
                 shutil.rmtree(work)
             tasks = tuple(extra_tasks) + _miss_tasks(from_misses or [], target.capability)
-            results.append(_signed(_build_target(plan, target, work, out, jobs, keep_ir, tasks, progress), signer))
+            results.append(_signed(_build_target(plan, target, work, out, jobs, keep_ir, tasks, progress, cache),
+                                   signer))
     except BuildFailed:
         keep = True  # its message points at logs in the scratch dir: leave them to be read
         raise
@@ -174,9 +189,10 @@ def check_target_env(plan: BuildPlan, targets: list[BuildTarget], there, source:
 
 
 def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, keep_ir: bool, extra_tasks,
-                  progress) -> TargetResult:
+                  progress, cache: BuildCacheSpec | None = None) -> TargetResult:
     started = time.perf_counter()
-    run = exercise(plan, target, work, work / "cache", jobs, extra_tasks, progress)
+    run = exercise(plan, target, work, work / "cache", jobs, extra_tasks, progress,
+                   variables=cache.worker_env() if cache else None)
     # A FlashInfer-only plan runs no exercise process: fingerprint this interpreter's Triton instead.
     environment = _environment(run.results) if run.results else local_environment([target.arch])
     identity = _identity(run.results) if run.results else identity_here([target.arch])
@@ -186,7 +202,7 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
     missing = sorted({r.key for r in records} - {e.key for e in found.kernels})
     if missing:
         raise BuildFailed(f"{len(missing)} compiled kernel(s) are missing from the cache, e.g. {missing[0]}")
-    flashinfer = _flashinfer_modules(plan, target, work)
+    flashinfer, flashinfer_cache = _flashinfer_modules(plan, target, work, cache)
     bundles = []
     for profile in target.profiles:
         name = f"{plan.name}-{target.arch}-{profile.name}.tar.zst"
@@ -199,7 +215,9 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
     compiled = [r for r in records if not r.cache_hit]
     return TargetResult(target, tuple(bundles), time.perf_counter() - started,
                         sum((r.compile_us or 0) for r in compiled) / 1e6, len(compiled), coverage,
-                        tuple(found.skipped))
+                        tuple(found.skipped),
+                        build_cache=BuildCacheCounts.of(cache and cache.location, run.log.build_cache,
+                                                        flashinfer_cache))
 
 
 def device_keys_of(records: tuple[dict, ...], profile: GpuProfile) -> DeviceKeys | None:
@@ -235,15 +253,21 @@ def _identity(results: tuple[WorkerResult, ...]) -> TritonIdentity | None:
     return manifest_identity(only) if only else None
 
 
-def _flashinfer_modules(plan: BuildPlan, target: BuildTarget, work: Path) -> tuple:
-    """FlashInfer's ``sampling`` module: built for the arch (cross), or what vLLM's path JIT-built (native)."""
+def _flashinfer_modules(plan: BuildPlan, target: BuildTarget, work: Path,
+                        cache: BuildCacheSpec | None = None) -> tuple[tuple, str | None]:
+    """FlashInfer's ``sampling`` module: built for the arch (cross; taken from the build cache when it has it), or
+    what vLLM's path JIT-built (native); and what the build cache did (buildcache/flashinfer.py)."""
     if "flashinfer" not in plan.paths:
-        return ()
+        return (), None
     if target.mode == "native":
-        return flashinfer_jit_module(plan, target, work)
+        return flashinfer_jit_module(plan, target, work), None
+    from .buildcache.flashinfer import module_key, take_or_build
     from .exercise import flashinfer as fi_build
 
-    return (fi_build.build_sampling(target.arch, work / "flashinfer", jobs=min(2, os.cpu_count() or 1)),)
+    key = module_key(fi_build.arch_list(target.arch), fi_build.ensure_toolchain().cuda)
+    built, outcome = take_or_build(cache, key, lambda: fi_build.build_sampling(
+        target.arch, work / "flashinfer", jobs=min(2, os.cpu_count() or 1)))
+    return (built,), outcome
 
 
 def _plan_record(plan: BuildPlan, target: BuildTarget) -> dict:

@@ -411,14 +411,33 @@ def run(bundle: str | None, cache_dir: str | None, force: bool, read_only: bool,
 # -- cache management: what is installed in a cache dir ---------------------------------------------
 
 
+def build_cache_option(what: str):
+    """``--build-cache [DIR]``: act on the build cache (the default one without DIR) instead of a cache dir."""
+    return click.option("--build-cache", "build_cache", is_flag=False, flag_value="", default=None, metavar="[DIR]",
+                        help=f"{what} the build cache (DIR, else the one `build` uses) instead of a cache dir.")
+
+
+def _only_one(cache_dir: str | None, build_cache: str | None) -> str | None:
+    """The build cache asked for (None: the default one), after refusing it together with --cache-dir."""
+    from .errors import UsageError
+
+    if cache_dir is not None:
+        raise UsageError("--cache-dir and --build-cache exclude each other")
+    return build_cache or None
+
+
 @main.command()
 @cache_dir_option
+@build_cache_option("List")
 @click.option("--json", "as_json", is_flag=True)
-def ls(cache_dir: str | None, as_json: bool) -> None:
+def ls(cache_dir: str | None, build_cache: str | None, as_json: bool) -> None:
     """List the bundles installed in a cache dir: target, fingerprint match, kernels, size, when installed and
-    last served, entries shared with other bundles."""
+    last served, entries shared with other bundles. With --build-cache: its entries and size."""
     from .manage import ls as do_ls
 
+    if build_cache is not None:
+        _ls_build_cache(_only_one(cache_dir, build_cache), as_json)
+        return
     listing = do_ls(cache_dir)
     for warning in listing.warnings:
         err.print(f"warning: {warning}", markup=False)
@@ -469,6 +488,19 @@ def _tuned(bundle) -> str:
     return f"{product} (skipped)" if bundle.choices_skipped else product
 
 
+def _ls_build_cache(build_cache: str | None, as_json: bool) -> None:
+    from .bundle.inspect import human_size
+    from .manage import ls_build_cache
+
+    listing = ls_build_cache(build_cache)
+    if as_json:
+        _json(listing.to_dict())
+        return
+    out.print(f"{listing.location}: {listing.entries} entries, {human_size(listing.size_on_disk)} on disk; "
+              f"least recently used {_when(listing.oldest_use)}, most recently {_when(listing.newest_use)}",
+              markup=False)
+
+
 def _when(seconds: float | None) -> str:
     import time
 
@@ -503,16 +535,26 @@ def _say_stuck(gone) -> None:
 
 @main.command()
 @cache_dir_option
+@build_cache_option("Trim")
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
 @click.option("--max-age", type=click.FloatRange(min=0), default=30.0, show_default=True, metavar="DAYS",
               help="Drop served and checked records unused for this many days.")
+@click.option("--max-size", default=None, metavar="SIZE",
+              help="With --build-cache: remove the least recently used entries until the rest fit SIZE (e.g. 10G).")
 @click.option("--json", "as_json", is_flag=True)
-def prune(cache_dir: str | None, dry_run: bool, max_age: float, as_json: bool) -> None:
+def prune(cache_dir: str | None, build_cache: str | None, dry_run: bool, max_age: float, max_size: str | None,
+          as_json: bool) -> None:
     """Remove bundles whose fingerprint no longer matches this environment, what interrupted installs left, and
-    stale or unused served and checked records."""
+    stale or unused served and checked records. With --build-cache --max-size: trim the build cache."""
     from .bundle.inspect import human_size
+    from .errors import UsageError
     from .manage import prune as do_prune
 
+    if build_cache is not None or max_size is not None:
+        if build_cache is None or max_size is None:
+            raise UsageError("--max-size trims the build cache: give both --build-cache and --max-size")
+        _prune_build_cache(_only_one(cache_dir, build_cache), max_size, dry_run, as_json)
+        return
     result = do_prune(cache_dir, dry_run=dry_run, max_age_days=max_age)
     if as_json:
         _json(result.to_dict())
@@ -532,6 +574,19 @@ def prune(cache_dir: str | None, dry_run: bool, max_age: float, as_json: bool) -
         click.echo(f"nothing to prune in {result.cache_dir}")
 
 
+def _prune_build_cache(build_cache: str | None, max_size: str, dry_run: bool, as_json: bool) -> None:
+    from .bundle.inspect import human_size
+    from .manage import prune_build_cache
+
+    result = prune_build_cache(max_size, build_cache, dry_run=dry_run)
+    if as_json:
+        _json(result.to_dict())
+        return
+    click.echo(f"{'would remove' if dry_run else 'removed'} {result.removed} least recently used entries "
+               f"({human_size(result.freed)}) from {result.location}; {result.entries} entries "
+               f"({human_size(result.size_on_disk)}) {'would stay' if dry_run else 'stay'}")
+
+
 @main.command()
 @click.option("--arch", required=True, help="Target GPU arch, e.g. sm_90 or sm_100.")
 @plan_options("Build recipe: a shipped recipe's name (kernelcache recipes) or a TOML file [default: "
@@ -544,15 +599,23 @@ def prune(cache_dir: str | None, dry_run: bool, max_age: float, as_json: bool) -
 @click.option("--target-env", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Fingerprint of the serving environment (kernelcache fingerprint --json there): refuse, before "
                    "compiling, a bundle its install would refuse.")
+@click.option("--build-cache", "build_cache", default=None, metavar="DIR|URL",
+              help="Take kernels earlier builds compiled from here and add what this one compiles: a directory, "
+                   "oci://HOST/REPOSITORY or an fsspec URL (s3://, gs://, file://) [default: $KERNELCACHE_BUILD_CACHE, "
+                   "else ~/.cache/kernelcache/build].")
+@click.option("--no-build-cache", is_flag=True, help="Compile everything; read and write no build cache.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @sign_option("each bundle (B.tar.zst.sig beside it)")
-def build(arch, recipe, overrides, mode, jobs, output_dir, keep_ir, workdir, miss_logs, target_env, as_json,
-          sign_key) -> None:
+def build(arch, recipe, overrides, mode, jobs, output_dir, keep_ir, workdir, miss_logs, target_env, build_cache,
+          no_build_cache, as_json, sign_key) -> None:
     """Run vLLM's sampler paths for ARCH and write one bundle per GPU profile."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .build import build as do_build
+    from .errors import UsageError
 
+    if build_cache is not None and no_build_cache:
+        raise UsageError("--build-cache and --no-build-cache exclude each other")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     _terminate_cleanly()
     # A bar only on a terminal: piped stderr (CI logs) keeps its one-line errors.
@@ -568,7 +631,7 @@ def build(arch, recipe, overrides, mode, jobs, output_dir, keep_ir, workdir, mis
 
         result = do_build(arch, recipe, overrides, mode=mode, jobs=jobs, output_dir=output_dir, keep_ir=keep_ir,
                           workdir=workdir, progress=progress, from_misses=list(miss_logs), target_env=target_env,
-                          sign=sign_key)
+                          sign=sign_key, build_cache=False if no_build_cache else build_cache)
     if as_json:
         _json([t.to_dict() for t in result.targets])
         return
@@ -591,6 +654,14 @@ def _build_summary(target) -> None:
     flashinfer = "".join(f", FlashInfer {m.name} ({' '.join(m.archs)})" for m in first.flashinfer)
     out.print(f"{len(first.kernels)} kernels, {len(first.modules)} prebuilt modules{flashinfer}; {target.compiles} "
               f"compiles ({target.compile_seconds:.1f}s of compile time) in {target.seconds:.1f}s")
+    cache = target.build_cache
+    if cache.location:
+        out.print(f"build cache {cache.location}: {cache.reused} kernels and {cache.reused_modules} modules reused, "
+                  f"{cache.published} entries added" + (f", {cache.corrupt} corrupt ones compiled again"
+                                                         if cache.corrupt else "")
+                  + (f"; FlashInfer's module {cache.flashinfer}" if cache.flashinfer else ""), markup=False)
+    for problem in cache.errors[:3]:
+        err.print(f"warning: build cache {cache.location}: {problem}", markup=False)
     for bundle in target.bundles:
         out.print(f"wrote {bundle.path} ({human_size(bundle.path.stat().st_size)}) for {bundle.manifest.target.gpu}")
     for signed in target.signatures:

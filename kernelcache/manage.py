@@ -36,7 +36,7 @@ from .cachedir import STATE_DIR, CacheDir, Receipt, recover, resolve_cache_dir
 from .cachedir.checked import record_holds as checked_record_holds
 from .cachedir.layout import kept_records, leftover_names
 from .cachedir.publish import withdraw
-from .errors import KernelcacheError, NotACacheDir, NotInstalled, StorageError
+from .errors import KernelcacheError, NotACacheDir, NotInstalled, StorageError, UsageError
 from .install import environment_here
 from .runtime.served import last_served
 from .runtime.served import record_holds as served_record_holds
@@ -435,3 +435,79 @@ def _name(receipt: Receipt) -> str:
     if isinstance(plan.get("name"), str) and plan["name"]:
         return "-".join(p for p in (plan["name"], target.arch, target.gpu) if p)
     return receipt.digest[:16]
+
+
+# -- the build cache ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BuildCacheListing:
+    """What ``ls --build-cache`` found in a local build cache (buildcache/store.py ``DirStore``)."""
+
+    location: Path
+    entries: int  # kernels and helper modules, one blob each
+    size_on_disk: int  # bytes their blobs take (blocks allocated)
+    oldest_use: float | None  # when the least recently used entry was last written or reused
+    newest_use: float | None
+
+    def to_dict(self) -> dict:
+        return _plain(self)
+
+
+@dataclass(frozen=True)
+class BuildCachePruneResult:
+    """What ``prune --build-cache --max-size`` removed (or, in a dry run, would remove): the least recently used
+    entries, until the rest fit ``max_size``."""
+
+    location: Path
+    dry_run: bool
+    max_size: int
+    removed: int
+    freed: int
+    entries: int  # left
+    size_on_disk: int  # left
+
+    def to_dict(self) -> dict:
+        return _plain(self)
+
+
+def ls_build_cache(build_cache: str | os.PathLike | None = None) -> BuildCacheListing:
+    """The entries of a local build cache (default: the one ``build`` uses) and the bytes they take. Reads only."""
+    store = _build_cache_store(build_cache)
+    blobs = store.blobs()
+    return BuildCacheListing(store.root, len(blobs), sum(b.size for b in blobs),
+                             blobs[0].used if blobs else None, blobs[-1].used if blobs else None)
+
+
+def prune_build_cache(max_size: int | str, build_cache: str | os.PathLike | None = None,
+                      dry_run: bool = False) -> BuildCachePruneResult:
+    """Remove the least recently used entries of a local build cache until the rest take at most ``max_size`` bytes
+    (``"10G"`` works too). A build that reads an entry while it goes still reads it whole, or compiles the kernel."""
+    from .bundle.archive import parse_size
+
+    limit = parse_size(max_size) if isinstance(max_size, str) else int(max_size)
+    store = _build_cache_store(build_cache)
+    blobs = store.blobs()
+    total = sum(b.size for b in blobs)
+    removed = freed = 0
+    for blob in blobs:  # least recently used first
+        if total - freed <= limit:
+            break
+        if dry_run or store.remove(blob):
+            removed, freed = removed + 1, freed + blob.size
+    return BuildCachePruneResult(store.root, dry_run, limit, removed, freed, len(blobs) - removed, total - freed)
+
+
+def _build_cache_store(build_cache: str | os.PathLike | None):
+    from .buildcache import resolve
+    from .buildcache.store import DirStore
+
+    spec = resolve(build_cache)
+    if spec is None:
+        raise UsageError("no build cache: KERNELCACHE_BUILD_CACHE is off (name one with --build-cache DIR)")
+    if spec.kind != "dir":
+        raise UsageError(f"{spec.location}: ls and prune --build-cache take a local directory; a shared build cache "
+                         "is trimmed by its store's own rules (bucket lifecycle, registry retention)")
+    if os.path.exists(spec.location) and not os.path.isdir(spec.location):
+        raise UsageError(f"--build-cache {spec.location} is not a directory")
+    return DirStore(spec.location)

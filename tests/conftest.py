@@ -16,6 +16,11 @@ from helpers.ci import pytest_make_collect_report, pytest_runtest_makereport, py
 from helpers.common import kc, run_job
 from helpers.fast import pytest_configure, pytest_ignore_collect  # noqa: F401
 
+# Builds under test compile everything unless a test names a build cache itself: the counts they assert are a cold
+# build's, and nothing of the developer's (or the CI machine's) ~/.cache/kernelcache/build may decide a result.
+# helpers.common.clean_env passes this on to every process a test starts.
+os.environ["KERNELCACHE_BUILD_CACHE"] = "off"
+
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory):
@@ -42,7 +47,7 @@ def sampling90(tmp_path_factory):
     """FlashInfer's sampling module really built for sm_90 (about 100 s on 2 cores): (module, members, workdir).
 
     Every FlashInfer test reuses this one build. It runs as users run it, ``kernelcache build --path
-    flashinfer`` (its bundle lands in ``workdir.parents[2] / "out"``); rerunning
+    flashinfer`` (its bundle lands in ``workdir.parents[2] / "out"``, its build cache in ``.../build-cache``); rerunning
     ``build_sampling`` in its kept work dir then finds nothing to do and returns the module and members.
     KERNELCACHE_TEST_FLASHINFER_WORKDIR keeps a build dir between runs while developing; CI leaves it unset.
     """
@@ -56,7 +61,8 @@ def sampling90(tmp_path_factory):
     else:
         scratch = tmp_path_factory.mktemp("fi-build90")
         kc("build", "--arch", "sm_90", "--gpu", "h200", "--path", "flashinfer", "--mode", "cross",
-           "--workdir", str(scratch / "work"), "-o", str(scratch / "out"), check=True, timeout=1800)
+           "--workdir", str(scratch / "work"), "-o", str(scratch / "out"),
+           "--build-cache", str(scratch / "build-cache"), check=True, timeout=1800)
         workdir = scratch / "work" / "sm_90-132sm" / "flashinfer"
     module, members = build_sampling("sm_90", workdir, jobs=2)
     return module, members, workdir

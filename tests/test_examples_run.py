@@ -319,7 +319,8 @@ def run_job(job: dict, matrix: dict[str, str], world: World, name: str) -> Path:
             assert list((workspace / expressions(step["with"]["path"], matrix)).glob("*.tar.zst")), step
         else:
             assert "run" in step and not uses, f"the examples' runner does not know the step {step}"
-            own = {k: expressions(v, matrix, context) for k, v in step.get("env", {}).items()}
+            own = {k: expressions(v, matrix, context).replace(f"oci://{REGISTRY_HOST}/", f"oci://{world.registry_host}/")
+                   for k, v in step.get("env", {}).items()}  # a registry in a variable: the build cache's
             env = world.container_env(venv, name, RUNNER_TEMP=str(runner_temp), **own)
             script = world.rooted(expressions(step["run"], matrix, context))
             run(["bash", "-e", "-c", script], env, workspace, f"workflow {name}: {step.get('name')}")

@@ -145,6 +145,20 @@ def test_build_of_the_flashinfer_path_alone_bundles_just_the_module(sampling90):
     assert data["environment"]["triton"] == package_version("triton") and data["target"]["arch"] == "sm_90"
 
 
+def test_a_second_build_takes_the_module_from_the_build_cache_instead_of_running_nvcc(sampling90, tmp_path):
+    _, _, workdir = sampling90
+    if os.environ.get("KERNELCACHE_TEST_FLASHINFER_WORKDIR"):
+        pytest.skip("the sampling90 fixture reused a kept build dir instead of running kernelcache build")
+    scratch, name = workdir.parents[2], "vllm-sampler-sm_90-h200.tar.zst"
+    done = kc("build", "--arch", "sm_90", "--gpu", "h200", "--path", "flashinfer", "--mode", "cross", "--workdir",
+              str(tmp_path / "work"), "-o", str(tmp_path / "out"), "--build-cache", str(scratch / "build-cache"),
+              "--json", check=True, timeout=1800)
+    [target] = json.loads(done.stdout)
+    assert target["build_cache"]["flashinfer"] == "reused"
+    assert not (tmp_path / "work" / "sm_90-132sm" / "flashinfer").exists()  # nvcc's build never ran
+    assert (tmp_path / "out" / name).read_bytes() == (scratch / "out" / name).read_bytes()
+
+
 def test_flashinfer_resolves_to_the_installed_file_with_jit_disabled(bundle, sampling90, tmp_path):
     module, members, _ = sampling90
     cache = tmp_path / "cache"

@@ -36,9 +36,10 @@ LAYERS = (
     ("exercise", ("kernelcache.exercise",)),
     ("harvest", ("kernelcache.harvest",)),
     ("bundle", ("kernelcache.bundle",)),
-    ("build", ("kernelcache.build", "kernelcache.capture")),  # the build side's verbs: they only wire the above
     ("cachedir", ("kernelcache.cachedir",)),
     ("remote", ("kernelcache.remote",)),  # transport: a bundle from a registry or a URL, verified on arrival
+    ("buildcache", ("kernelcache.buildcache",)),  # what builds compiled, by Triton key: a dir, a URL, a registry
+    ("build", ("kernelcache.build", "kernelcache.capture")),  # the build side's verbs: they only wire the above
     ("install", ("kernelcache.install",)),
     ("runtime", ("kernelcache.runtime",)),
     ("manage", ("kernelcache.manage",)),  # ls / rm / prune: what install put in a cache dir, and what serves it

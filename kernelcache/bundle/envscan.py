@@ -34,8 +34,9 @@ OPTION_ENV_VARS = (
 # The cache-invalidating variables of Triton 3.4-3.6 all start with one of these (a test checks the list
 # libtriton.so holds).
 KEY_ENV_PREFIXES = ("TRITON_", "MLIR_", "LLVM_", "AMDGCN_", "NVPTX_", "DISABLE_", "ENABLE_", "USE_", "ALLOW_")
-# Where caches live, not what they hold: `kernelcache env` sets TRITON_CACHE_DIR, and neither is in a key.
-NOT_IN_KEYS = ("TRITON_CACHE_DIR", "TRITON_HOME")
+# Where caches live and who keeps them, not what they hold: `kernelcache env` sets TRITON_CACHE_DIR, a build with a
+# build cache and the read-only overlay set TRITON_CACHE_MANAGER, and none of them is in a key.
+NOT_IN_KEYS = ("TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_CACHE_MANAGER")
 
 
 def key_candidates(env: dict[str, str]) -> dict[str, str]:

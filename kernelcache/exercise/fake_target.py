@@ -13,13 +13,12 @@ Use one process per target: Triton memoises the target per JIT function and devi
 
 from __future__ import annotations
 
-import atexit
 import ctypes
+import hashlib
 import os
 import re
-import shutil
 import subprocess
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -186,23 +185,33 @@ def libcuda_symbols() -> list[str]:
 
 
 def build_libcuda_stub(directory: str | None = None) -> Path:
-    """A ``libcuda.so.1`` defining the driver symbols (each fails with CUDA_ERROR_UNKNOWN), for linking only."""
-    if directory is None:  # this process's own: gone when it exits (launchers load it until then)
-        directory = tempfile.mkdtemp(prefix="kernelcache-libcuda-")
-        atexit.register(shutil.rmtree, directory, ignore_errors=True)
-    out = Path(directory)
+    """A ``libcuda.so.1`` defining the driver symbols (each fails with CUDA_ERROR_UNKNOWN), for linking only.
+
+    Without ``directory``, a per-user one named by the stub's source (``stub_home``): from Triton 3.7 the cache
+    key of ``cuda_utils`` hashes the library dirs it links against (``_get_cache_manager`` in
+    triton/runtime/build.py), so every build that links against the same dir gives ``cuda_utils`` the same key
+    (and the same bundle bytes, and one build-cache entry)."""
+    source = "".join(f"int {name}(void) {{ return 999; }}\n" for name in libcuda_symbols())
+    out = Path(directory) if directory is not None else stub_home(source)
     target = out / "libcuda.so.1"
     if target.exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
-    source = out / "libcuda_stub.c"
-    source.write_text("".join(f"int {name}(void) {{ return 999; }}\n" for name in libcuda_symbols()))
-    cc = os.environ.get("CC") or "gcc"
-    tmp = out / f".libcuda.so.1.{os.getpid()}"
-    subprocess.run(
-        [cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp), str(source)],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    os.replace(tmp, target)
+    unique = f"{os.getpid()}.{uuid.uuid4().hex}"  # builds share the dir: each writes its own files, then renames
+    code, tmp = out / f".libcuda_stub.{unique}.c", out / f".libcuda.so.1.{unique}"
+    try:
+        code.write_text(source)
+        cc = os.environ.get("CC") or "gcc"
+        subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp), str(code)], check=True,
+                       stdout=subprocess.DEVNULL)
+        os.replace(tmp, target)
+    finally:
+        code.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
     return out
+
+
+def stub_home(source: str) -> Path:
+    """``$XDG_CACHE_HOME/kernelcache/libcuda-stub/<sha256 of the source, 16 digits>`` (``~/.cache/...``)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "kernelcache" / "libcuda-stub" / hashlib.sha256(source.encode()).hexdigest()[:16]

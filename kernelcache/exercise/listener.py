@@ -133,6 +133,7 @@ class ExerciseLog:
     prebuilt: tuple[str, ...] = ()  # module names whose build the installed cache answered
     device_tables: tuple[dict, ...] = ()  # device-keyed table lookups (exercise/device_tables.py)
     autotune: tuple[dict, ...] = ()  # the autotuner's disk lookups and candidates timed (exercise/autotune_log.py)
+    build_cache: tuple[dict, ...] = ()  # what the build cache gave or took (buildcache/manager.py)
 
     @classmethod
     def read(cls, paths) -> ExerciseLog:
@@ -142,8 +143,9 @@ class ExerciseLog:
                  for event in ("gcc", "prebuilt")}
         tables = tuple(r for r in records if r.get("event") == "device_table")
         tuned = tuple(r for r in records if r.get("event") in ("autotune", "autotune_bench"))
+        cache = tuple(r for r in records if r.get("event") == "build_cache")
         return cls(tuple(CompileRecord.from_dict(r) for r in compiles(records)), names["gcc"], names["prebuilt"],
-                   tables, tuned)
+                   tables, tuned, cache)
 
 
 def compiles(records: list[dict]) -> list[dict]:

@@ -51,6 +51,7 @@ def main(path: str) -> int:
     os.environ["TRITON_CACHE_DIR"] = job.cache_dir
     os.environ.update(job.env)
     os.environ["KERNELCACHE_TARGET_MODE"] = job.mode
+    os.environ["KERNELCACHE_COMPILE_LOG"] = job.compile_log  # where hooks record too (a build cache's manager)
     if job.mode == "cross":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # vLLM's lenient Triton-import branch (vllm-cross-spike.md)
     started = time.perf_counter()
@@ -71,8 +72,7 @@ def main(path: str) -> int:
     if job.mode == "cross":
         from . import fake_target
 
-        fake_target.activate(job.capability, job.sm_count, prebuild=job.prebuild,
-                             stub_dir=os.path.join(os.path.dirname(path), "libcuda-stub"))
+        fake_target.activate(job.capability, job.sm_count, prebuild=job.prebuild)
     failed = False
     for task in job.setup:
         results.append(_run_task(task))

@@ -31,9 +31,11 @@ print(json.dumps({"seeded": getattr(c.triton_key, "kernelcache_seeded", False), 
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """The test process's environment without Triton/kernelcache settings, plus ``extra``."""
+    """The test process's environment without Triton/kernelcache settings, plus ``extra``; builds use no build
+    cache (``KERNELCACHE_BUILD_CACHE=off``) unless ``extra`` names one."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TRITON_", "KERNELCACHE_", "FLASHINFER_")) and k not in ("PTXAS_OPTIONS",)}
+    env["KERNELCACHE_BUILD_CACHE"] = "off"
     env.update(extra)
     return env
 
