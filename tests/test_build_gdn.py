@@ -110,7 +110,7 @@ def test_the_server_path_and_what_was_substituted(gdn_build):
     # The page holds the state (3 x 8192 conv + 32 x 128 x 128 ssm, bf16) padded to 544-token attention blocks of
     # 2 KV heads x 256 x bf16 x (K and V): 544 x 2048 bytes.
     assert summary["page_bytes"] == 544 * 2048 and summary["ssm_state"]["stride"][0] == 544 * 2048 // 2
-    assert set(summary["calls"]) == {"decode", "prefill", "mixed"}
+    assert set(summary["calls"]) == {"profile", "decode", "prefill", "mixed"} and summary["calls"]["profile"] == 1
     substituted = summary["substitutions"]
     assert substituted["device_queries"] == {"is_nvidia_hopper": True, "check_shared_mem": True,
                                              "is_tma_supported": False, "answered": True}

@@ -77,7 +77,7 @@ def test_the_server_path_and_what_was_substituted(mamba_build):
     assert (summary["ssu_backend"], summary["chunk_size"]) == ("triton", 128)
     assert summary["norm"] == "forward_native (torch)"  # n_groups 8: mamba_mixer2.py:181
     assert summary["ssm_state"]["dtype"] == "float32" and summary["conv_state"]["dtype"] == "bfloat16"
-    assert set(summary["calls"]) == {"decode", "prefill", "mixed"}
+    assert set(summary["calls"]) == {"profile", "decode", "prefill", "mixed"} and summary["calls"]["profile"] == 1
     substituted = summary["substitutions"]
     assert {op["op"] for op in substituted["ops"]} | set(substituted["ops_present"]) >= {
         "_C::cutlass_scaled_mm_supports_fp8"}
@@ -129,3 +129,22 @@ def test_the_bundle_records_the_ssu_table_the_device_name_picked(mamba_build):
     assert tables == {("mamba", "get_ssm_configs",
                        "headdim=64,dstate=128,device_name=NVIDIA_H200,cache_dtype=float32.json")}
     assert (keys.device, keys.serves) == (PRODUCT, {GPU: PRODUCT})
+
+
+def test_a_profile_run_warmup_that_fails_fails_the_exercise():
+    """vLLM catches a failed warmup of the profile run and logs a warning; the exercise raises it instead, since
+    a bundle would otherwise lack the kernels a server's profile run compiles (and times)."""
+    import logging
+
+    from kernelcache.exercise.vllm_mamba import warmup_failures
+
+    module = "vllm.model_executor.layers.mamba.mamba_mixer2"
+    with warmup_failures(module):
+        logging.getLogger(module).warning("Mamba2 SSD kernel warmup completed")  # not a failure
+        logging.getLogger(module).info("Mamba2 SSD kernel warmup failed for layer x")  # below WARNING
+    with pytest.raises(RuntimeError, match="the profile run's warmup failed: Mamba2 SSD kernel warmup failed"), \
+            warmup_failures(module):
+        try:
+            raise ValueError("no memory")
+        except ValueError:
+            logging.getLogger(module).warning("Mamba2 SSD kernel warmup failed for layer %s", "x", exc_info=True)

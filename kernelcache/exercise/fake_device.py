@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 aten = torch.ops.aten
 
@@ -45,11 +45,29 @@ def _is_fake(value: Any) -> bool:
     return isinstance(value, FakeTensor)
 
 
+HOST_VALUES = "_kernelcache_host_values"  # the attribute of a fake holding its values (``FakeCuda``)
+SMALL = 4096  # elements: the largest tensor whose values a fake keeps
+READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__int__, torch.Tensor.__index__,
+         torch.Tensor.__bool__, torch.Tensor.__float__}
+
+
 class FakeCuda(TorchFunctionMode):
-    """Routes Python indexing and host->device copies of fake CUDA tensors through aten ops."""
+    """Routes Python indexing and host->device copies of fake CUDA tensors through aten ops.
+
+    A small tensor made on ``cuda`` from Python data (``torch.tensor([0, T], device="cuda")``) keeps its values
+    on the host, and so does every result computed from such tensors alone (slices, differences, ``cdiv``), so
+    that code reading them back (``.tolist()``, ``.item()``: FLA's ``prepare_chunk_indices``) gets what the GPU
+    would give. Any other fake has no values, and reading one fails as before."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in READS and _values(args[0]) is not None:
+            return func(_values(args[0]), *args[1:])
+        out = self._route(func, args, dict(kwargs))
+        _keep_values(func, args, kwargs, out)
+        return out
+
+    def _route(self, func, args, kwargs):
         if func is torch.Tensor.__getitem__ and _is_fake(args[0]):
             return getitem(args[0], args[1])
         if func is torch.Tensor.__setitem__ and _is_fake(args[0]):
@@ -67,8 +85,41 @@ class FakeCuda(TorchFunctionMode):
         if func in (torch.tensor, torch.as_tensor) and _on_cuda(kwargs.get("device")):
             device = kwargs.pop("device")
             host = func(*args, **kwargs)
-            return torch.empty(host.shape, dtype=host.dtype, device=device)
+            out = torch.empty(host.shape, dtype=host.dtype, device=device)
+            if host.numel() <= SMALL and not isinstance(args[0], torch.Tensor):
+                setattr(out, HOST_VALUES, host)
+            return out
         return func(*args, **kwargs)
+
+
+def _values(value: Any) -> torch.Tensor | None:
+    return getattr(value, HOST_VALUES, None) if _is_fake(value) else None
+
+
+def _keep_values(func, args, kwargs, out) -> None:
+    """Give ``out`` the host values of ``func`` over the arguments' host values, when every fake argument has
+    some (a call that fails on the host, or a large result, leaves ``out`` without)."""
+    from torch.utils._pytree import tree_leaves, tree_map
+
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]  # unbind (iteration, FakeTensor.tolist), split
+    if not outs or not all(_is_fake(o) and _values(o) is None for o in outs):
+        return
+    fakes = [leaf for leaf in tree_leaves((args, kwargs)) if _is_fake(leaf)]
+    if not fakes or any(_values(f) is None for f in fakes):
+        return
+    host_args, host_kwargs = tree_map(lambda x: _values(x) if _is_fake(x) else x, (args, kwargs))
+    if "device" in host_kwargs:
+        host_kwargs["device"] = "cpu"
+    try:
+        with _disable_current_modes():
+            host = func(*host_args, **host_kwargs)
+    except Exception:  # noqa: BLE001 -- a host replay that cannot run leaves the fake as it was: without values
+        return
+    hosts = list(host) if isinstance(host, (tuple, list)) else [host]
+    if len(hosts) == len(outs) and all(isinstance(h, torch.Tensor) and h.shape == o.shape and h.numel() <= SMALL
+                                       for h, o in zip(hosts, outs)):
+        for h, o in zip(hosts, outs):
+            setattr(o, HOST_VALUES, h)
 
 
 def _empty_like_data(data: Any, dtype: torch.dtype, device: Any) -> torch.Tensor:

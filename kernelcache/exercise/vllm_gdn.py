@@ -47,9 +47,15 @@ those modules import (``cuda_answers``): the profile's product name, the arch's 
 shared memory the fake driver reports per capability, exercise/fake_target.py). Both checks follow the arch: no
 NVIDIA product of another arch has a name starting "NVIDIA H".
 
-Not driven: the profile run's ``_warmup_prefill_kernels`` (one fresh 64-token prefill: a subset of the keys above),
-prefix caching (``mamba_cache_mode="align"``: FlashInfer checkpoints, ``MambaPrefillCheckpointExporter``), the
-ROCm, XPU and CPU paths, the CuteDSL backend (Blackwell, opt-in), FlashInfer's prefill kernels themselves (a CUDA
+The engine's profile run comes first (entry ``profile``), as on a server: one dummy step of
+``max_num_batched_tokens`` tokens without attention metadata (``GPUModelRunner.profile_run`` -> ``_dummy_run``),
+in which the layer warms its prefill kernels on one fresh 64-token chunk (``_warmup_prefill_kernels``). The FLA
+kernels' tuning keys hold no token count, so on the GPU that warmup is where a server's autotuner times them, and
+what ``kernelcache tune`` replays first. A warmup that fails (vLLM logs a warning and goes on) fails the exercise.
+
+Not driven: prefix caching (``mamba_cache_mode="align"``: FlashInfer checkpoints,
+``MambaPrefillCheckpointExporter``), the ROCm, XPU and CPU paths, the CuteDSL backend (Blackwell, opt-in),
+FlashInfer's prefill kernels themselves (a CUDA
 module FlashInfer builds; in cross mode ``fi_chunk_gated_delta_rule`` returns empty outputs of its shapes), vLLM's
 CUDA MTP decode op (faked when absent, below), ``VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE=0``,
 ``VLLM_GDN_DECODE_KERNEL=triton``, CUDA-graph padding rows, and TP > 1 beyond rank 0's shapes.
@@ -71,7 +77,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import vllm_mamba
-from .vllm_mamba import AutotuneCandidates, python_bodies, random_hidden, real_host, tensor_parallel
+from .vllm_mamba import AutotuneCandidates, python_bodies, random_hidden, real_host, tensor_parallel, warmup_failures
 from .vllm_sampler import _device_scope, _require_triton, cross
 
 LAYER_NAME = "model.layers.0.linear_attn"
@@ -127,7 +133,8 @@ def gdn(*, hidden_size: int, linear_num_key_heads: int, linear_num_value_heads: 
     Arguments are Qwen3-Next's config.json names plus the serving flags they meet (``--num-speculative-tokens``,
     ``--gdn-prefill-backend``, ``--mamba-ssm-cache-dtype``, ``--attention-backend``, ``--kv-cache-dtype``,
     ``--block-size``, ``--max-model-len``). ``layout``: ``interleaved`` (Qwen3-Next) or ``flat`` (Qwen3.5).
-    ``entries``: ``decode``, ``prefill``, ``mixed`` (default all three). TP ``t`` is built as rank 0 of ``t``.
+    ``entries``: ``profile``, ``decode``, ``prefill``, ``mixed`` (default all four, in that order). TP ``t`` is
+    built as rank 0 of ``t``.
     """
     started = time.perf_counter()
     entries = list(entries) if entries else list(ENTRIES)
@@ -145,7 +152,8 @@ def gdn(*, hidden_size: int, linear_num_key_heads: int, linear_num_value_heads: 
         calls: Counter = Counter()
         for entry in entries:
             for batch in sweep(entry, max_num_seqs, max_num_batched_tokens, num_speculative_tokens):
-                forward(layer, batch, random_hidden(layer, batch))
+                run = profile if entry == "profile" else forward
+                run(layer, batch, random_hidden(layer, batch))
                 calls[entry] += 1
     return {**describe(layer), "entries": entries, "calls": dict(calls), "substitutions": substitutions,
             "autotune": tuner.summary() if tuner else "native: Triton's autotuner benchmarked on the device",
@@ -566,7 +574,12 @@ def mixed_batches(max_num_seqs: int, max_tokens: int, drafts: int) -> list[Batch
     return batches
 
 
-SWEEP = {"decode": decode_batches, "prefill": prefill_batches, "mixed": mixed_batches}
+def profile_batches(max_num_seqs: int, max_tokens: int, drafts: int) -> list[Batch]:
+    """The engine's profile run: one step of ``max_num_batched_tokens`` dummy tokens, run by ``profile``."""
+    return [Batch(((max_tokens, 0, -1),))]
+
+
+SWEEP = {"profile": profile_batches, "decode": decode_batches, "prefill": prefill_batches, "mixed": mixed_batches}
 ENTRIES = tuple(SWEEP)
 
 
@@ -628,6 +641,18 @@ def forward(layer: GdnLayer, batch: Batch, hidden: Any) -> Any:
     with set_current_vllm_config(layer.vllm_config), \
             set_forward_context({LAYER_NAME: metadata}, layer.vllm_config, num_tokens=batch.num_tokens), \
             python_bodies(GDN_MODULE, CORE_OPS), flashinfer_prefill_shapes(layer):
+        return layer.attn.forward(hidden)
+
+
+def profile(layer: GdnLayer, batch: Batch, hidden: Any) -> Any:
+    """The profile run's step: the layer's forward with no attention metadata (the runner's ``_dummy_run`` for
+    ``profile_run``), which warms the prefill kernels (``_warmup_prefill_kernels``); a warmup failure raises."""
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+
+    with set_current_vllm_config(layer.vllm_config), \
+            set_forward_context(None, layer.vllm_config, num_tokens=batch.num_tokens), \
+            python_bodies(GDN_MODULE, CORE_OPS), flashinfer_prefill_shapes(layer), warmup_failures(GDN_MODULE):
         return layer.attn.forward(hidden)
 
 

@@ -42,8 +42,14 @@ sets ``TRITON_CACHE_AUTOTUNING=1``). That JSON holds measured timings (``configs
 from the Triton version, the target, the kernel source, the tuning key and the candidate list; it cannot be
 computed off the GPU.
 
-Not driven: the profile run's ``_warmup_ssd_kernels`` (mamba_mixer2.py:616, called when ``attn_metadata`` is None:
-fresh contiguous SSD inputs, possibly other alignment/stride classes), prefix caching (``mamba_cache_mode="align"``,
+The engine's profile run comes first (entry ``profile``), as on a server: one dummy step of
+``max_num_batched_tokens`` tokens without attention metadata (``GPUModelRunner.profile_run`` ->
+``_dummy_run``), in which the mixer warms its SSD kernels on one chunk of fresh inputs
+(``MambaMixer2._warmup_ssd_kernels``). The SSD kernels' tuning keys hold no token count, so on the GPU that
+warmup is where a server's autotuner times them, and what ``kernelcache tune`` replays first. A warmup that fails
+(vLLM logs a warning and goes on) fails the exercise.
+
+Not driven: prefix caching (``mamba_cache_mode="align"``,
 vLLM's default when prefix caching is on: prefill checkpoints, ``return_intermediate_states``,
 ``store_prefill_checkpoint``), speculative decoding, ReplaySSM, the FlashInfer SSU backend, CUDA graphs, pages
 padded to the attention page size (block strides are the unpadded page; only their ``% 16`` class matters), and
@@ -85,8 +91,9 @@ def mamba(*, hidden_size: int, mamba_num_heads: int, mamba_head_dim: int, ssm_st
     Arguments are Nemotron-H's config.json names (plan/model.py's ``MAMBA_CONFIG_NAMES`` maps other
     architectures' names).
     ``mamba_ssm_cache_dtype``: the SSM state dtype (``auto``: the model dtype; Nemotron-H's vLLM config class
-    makes ``auto`` float32, models/config.py:812, so pass what the server resolves). ``entries``: ``decode``,
-    ``prefill``, ``mixed`` (default all three). TP ``t`` is built as rank 0 of ``t``: heads and groups sharded as
+    makes ``auto`` float32, models/config.py:812, so pass what the server resolves). ``entries``: ``profile``,
+    ``decode``, ``prefill``, ``mixed`` (default all four, in that order). TP ``t`` is built as rank 0 of ``t``:
+    heads and groups sharded as
     ``MambaMixer2`` shards them, with no process group.
     """
     started = time.perf_counter()
@@ -102,7 +109,8 @@ def mamba(*, hidden_size: int, mamba_num_heads: int, mamba_head_dim: int, ssm_st
         calls: Counter = Counter()
         for entry in entries:
             for batch in sweep(entry, max_num_seqs, max_num_batched_tokens, chunk_size):
-                forward(layer, batch, random_hidden(layer, batch))
+                run = profile if entry == "profile" else forward
+                run(layer, batch, random_hidden(layer, batch))
                 calls[entry] += 1
     return {**describe(layer), "entries": entries, "calls": dict(calls), "substitutions": substitutions,
             "autotune": tuner.summary() if tuner else "native: Triton's autotuner benchmarked on the device",
@@ -458,7 +466,12 @@ def mixed_batches(max_num_seqs: int, max_tokens: int, chunk_size: int) -> list[B
     return batches
 
 
-SWEEP = {"decode": decode_batches, "prefill": prefill_batches, "mixed": mixed_batches}
+def profile_batches(max_num_seqs: int, max_tokens: int, chunk_size: int) -> list[Batch]:
+    """The engine's profile run: one step of ``max_num_batched_tokens`` dummy tokens, run by ``profile``."""
+    return [Batch(((max_tokens, 0),))]
+
+
+SWEEP = {"profile": profile_batches, "decode": decode_batches, "prefill": prefill_batches, "mixed": mixed_batches}
 ENTRIES = tuple(SWEEP)
 
 
@@ -509,6 +522,45 @@ def forward(layer: MambaLayer, batch: Batch, hidden: Any) -> Any:
             set_forward_context({LAYER_NAME: metadata}, layer.vllm_config, num_tokens=batch.num_tokens), \
             python_bodies("vllm.model_executor.layers.mamba.mamba_mixer2", ("mamba_mixer2",)):
         return layer.mixer.forward(hidden)
+
+
+def profile(layer: MambaLayer, batch: Batch, hidden: Any) -> Any:
+    """The profile run's step: ``MambaMixer2.forward`` with no attention metadata (the runner's ``_dummy_run``
+    for ``profile_run``), which warms the SSD kernels (``_warmup_ssd_kernels``); a warmup failure raises."""
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+
+    with set_current_vllm_config(layer.vllm_config), \
+            set_forward_context(None, layer.vllm_config, num_tokens=batch.num_tokens), \
+            python_bodies("vllm.model_executor.layers.mamba.mamba_mixer2", ("mamba_mixer2",)), \
+            warmup_failures("vllm.model_executor.layers.mamba.mamba_mixer2"):
+        return layer.mixer.forward(hidden)
+
+
+@contextlib.contextmanager
+def warmup_failures(module: str):
+    """Raise what a layer's profile-run warmup caught: vLLM logs it as a warning (with the exception) and goes on,
+    and a build would then silently lack the warmup's kernels."""
+    import logging
+
+    caught: list[logging.LogRecord] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage().lower()
+            if record.levelno >= logging.WARNING and "warmup" in message and "fail" in message:
+                caught.append(record)
+
+    logger, handler = logging.getLogger(module), Catch()
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+    if caught:
+        record = caught[0]
+        raise RuntimeError(f"{module}: the profile run's warmup failed: {record.getMessage()}") from (
+            record.exc_info[1] if record.exc_info else None)
 
 
 @contextlib.contextmanager

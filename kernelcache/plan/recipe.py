@@ -3,8 +3,8 @@
 A recipe says which vLLM sampler paths to exercise (and speculative decoding's, with drafts), for which
 vocab sizes, logits dtypes, batch range and sampling modes, and for which GPU profiles; a model recipe
 adds a ``[model]`` table, the fields of the model's Hugging Face config.json (plan/model.py) that decide its
-vocab and its layers' kernels (MoE, attention, Mamba, gated delta net). Every key is checked; an error names the file and the
-key. ``PlanOverrides`` (the flags ``build`` and ``verify`` share) override the file.
+vocab and its layers' kernels (MoE, attention, Mamba, gated delta net). Every key is checked; an error names
+the file and the key. ``PlanOverrides`` (the flags ``build`` and ``verify`` share) override the file.
 
 The package ships its recipes as package data (``kernelcache/recipes/*.toml``, model recipes in
 ``kernelcache/recipes/models/``), found beside this package wherever it is installed, never in a checkout.

@@ -12,7 +12,9 @@
 # a second process on that same cache dir (whatever Triton kept from the first); today's bundle served through
 # `kernelcache run`; the tuned bundle with plain TRITON_CACHE_DIR (vLLM's own
 # TRITON_CACHE_AUTOTUNING=1 reads the choices); the tuned bundle served through `kernelcache run` (the target:
-# first call <= 0.5 s, 0 benchmark runs). Each run counts compiles, gcc builds, candidate configs the autotuner
+# first call <= 0.5 s, 0 benchmark runs); a cold process on an empty cache seeded with the tuned choices alone
+# (scripts/gpu/seed_choices.py: it must compute what the tuned bundle serves). RUNS="cold2 chosen ..." picks the
+# runs besides tuned-served (default: all). Each run counts compiles, gcc builds, candidate configs the autotuner
 # timed and its disk lookups; outputs are compared with the cold run's. (Install's refusal of choices timed on
 # another product is covered by tests/test_tune.py on the CPU.) Results: $OUT/tune_proof.json (summary),
 # $OUT/mamba-<run>.json, tune.json, install, ls and env output, logs.
@@ -45,16 +47,28 @@ install_at() {  # install_at NAME BUNDLE: a new cache dir per run, so no run see
   python3 -m kernelcache install "$2" --cache-dir "$T/$1/cache" --json > "$OUT/install-$1.json" 2> "$OUT/install-$1.err"
   echo "install $1 rc=$?"
 }
-check cold "$T/cold"
-mkdir -p "$T/cold2"; check cold2 "$T/cold2"  # a second cold process: how much the autotuner's own choice varies
-install_at bundle "$bundle"; check bundle "$T/bundle/cache"
-check bundle-warm "$T/bundle/cache"  # a second process on the same dir: Triton's own kept choices, if any
-install_at bundle-served "$bundle"; check bundle-served "$T/bundle-served/cache" served
-install_at tuned "$T/tuned.tar.zst"; check tuned "$T/tuned/cache"
+want() {  # want RUN: RUNS="a b ..." picks runs (default: all)
+  [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" $1 "* ]]
+}
+want cold && check cold "$T/cold"
+want cold2 && { mkdir -p "$T/cold2"; check cold2 "$T/cold2"; }  # a second cold process: the autotuner's own variance
+want bundle && { install_at bundle "$bundle"; check bundle "$T/bundle/cache"; }
+want bundle && check bundle-warm "$T/bundle/cache"  # a second process on that dir: Triton's own kept choices
+want bundle-served && { install_at bundle-served "$bundle"; check bundle-served "$T/bundle-served/cache" served; }
+want tuned && { install_at tuned "$T/tuned.tar.zst"; check tuned "$T/tuned/cache"; }
 install_at tuned-served "$T/tuned.tar.zst"; check tuned-served "$T/tuned-served/cache" served
+# a cold process whose autotuner takes the tuned choices (seeded alone into an empty cache): it compiles everything
+# and must compute exactly what the tuned bundle serves
+if want chosen; then
+  mkdir -p "$T/chosen"
+  python3 scripts/gpu/seed_choices.py "$T/tuned.tar.zst" "$T/chosen" > "$OUT/seed.txt" 2>&1
+  check chosen "$T/chosen"
+  python3 scripts/gpu/mamba_check.py compare "$T/outputs-chosen.pt" "$T/outputs-tuned-served.pt" \
+    > "$OUT/compare-tuned-vs-chosen.json" 2> "$OUT/compare-tuned-vs-chosen.err"
+fi
 python3 -m kernelcache ls --cache-dir "$T/tuned-served/cache" --json > "$OUT/ls-tuned.json" 2>&1
 python3 -m kernelcache env --cache-dir "$T/tuned-served/cache" --json > "$OUT/env-tuned.json" 2>&1
-for name in cold2 bundle bundle-warm bundle-served tuned tuned-served; do
+for name in cold2 bundle bundle-warm bundle-served tuned tuned-served chosen; do
   python3 scripts/gpu/mamba_check.py compare "$T/outputs-cold.pt" "$T/outputs-$name.pt" > "$OUT/compare-$name.json" \
     2> "$OUT/compare-$name.err"
 done

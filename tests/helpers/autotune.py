@@ -29,10 +29,10 @@ def check_candidates_bundled(bundle: Path, tuned: dict) -> None:
 
 
 def check_probe_hits(events: list[dict], bundle: Path, names: set[str], tuned: dict) -> None:
-    """The probe's compiles over decode, prefill and mixed batches: the kernels ``names``, every one a disk hit of
-    a bundled key; the candidates it benchmarked are the build's."""
+    """The probe's compiles over the engine's profile run and decode, prefill and mixed batches: the kernels
+    ``names``, every one a disk hit of a bundled key; the candidates it benchmarked are the build's."""
     compiles = [e for e in events if "key" in e]
-    assert {e["entry"] for e in compiles} == {"decode", "prefill", "mixed"}
+    assert {e["entry"] for e in compiles} == {"profile", "decode", "prefill", "mixed"}
     assert {e["name"] for e in compiles} == names
     missed = [e for e in compiles if not e["hit"]]
     assert not missed, missed[:3]

@@ -22,8 +22,8 @@ autotuner benchmarked, {"candidate": kernel name, "config": its meta-parameters,
 
 CONFIG_JSON: hidden_size, linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, linear_value_head_dim,
 linear_conv_kernel_dim, num_key_value_heads, head_dim, dtype, layout (interleaved or flat), mamba_ssm_cache_dtype,
-num_speculative_tokens, gdn_prefill_backend (triton or flashinfer), max_model_len. KIND: decode, prefill, mixed
-(default: all).
+num_speculative_tokens, gdn_prefill_backend (triton or flashinfer), max_model_len. KIND: profile (the engine's
+profile run, once), decode, prefill, mixed (default: all).
 """
 
 import json
@@ -219,6 +219,13 @@ def step(layer, builder, table, vc, reqs):
         layer.forward(torch.empty((tokens, cfg["hidden_size"]), dtype=dtype, device="cuda"))
 
 
+def profile_step(layer, vc):
+    """vLLM's profile run (GPUModelRunner.profile_run -> _dummy_run): a step of max_tokens dummy tokens under no
+    attention metadata, in which the layer warms its prefill kernels (_warmup_prefill_kernels)."""
+    with set_current_vllm_config(vc), set_forward_context(None, vc, num_tokens=max_tokens):
+        layer.forward(torch.empty((max_tokens, cfg["hidden_size"]), dtype=dtype, device="cuda"))
+
+
 probe_target.one_rank()
 hf = hf_config()
 vc = config_for(hf)
@@ -229,9 +236,11 @@ with fake_cuda() as eager, host, pins:
         torch.library.register_fake(f"vllm::{op}", body_with_eager_layouts(op), allow_override=True)
     layer, builder, table = build(vc, hf)
     table = table.to("cuda")
-    for kind in [only] if only else ["decode", "prefill", "mixed"]:
+    for kind in [only] if only else ["profile", "decode", "prefill", "mixed"]:
         start = len(events)
-        for _ in range(rounds):
+        if kind == "profile":  # once, as the engine runs it once
+            profile_step(layer, vc)
+        for _ in range(rounds if kind != "profile" else 0):
             step(layer, builder, table, vc, composition(kind))
         found += [{"entry": kind, **e} for e in events[start:]]
 for event in found:

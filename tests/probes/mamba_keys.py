@@ -6,7 +6,7 @@ exercise/fake_ops.py, "the same fake target"): its own CUDA platform (the probes
 device name and PDL answer vLLM's CUDA platform gives), the mixer built from a Nemotron-H-style config dict the
 way models/nemotron_h.py:390 builds it, its own state buffer, metadata built by vLLM's
 ``Mamba2AttentionMetadataBuilder`` from its own ``CommonAttentionMetadata``, and a seeded random sweep of batch
-compositions (decodes, fresh and continued prefills, mixes) within the limits.
+compositions (decodes, fresh and continued prefills, mixes) within the limits, after the engine's profile run.
 
 Autotuning here: the fake driver gets a benchmarker that calls each candidate once (so Triton's own
 ``Autotuner.run`` -> ``prune_configs`` -> ``_bench`` compiles it) and ranks them all equal; every autotune cache is
@@ -21,7 +21,8 @@ autotuner benchmarked, {"candidate": kernel name, "config": its meta-parameters,
     python mamba_keys.py CAPABILITY SM_COUNT PRODUCT CONFIG_JSON MAX_NUM_SEQS MAX_NUM_BATCHED_TOKENS ROUNDS [ENTRY]
 
 CONFIG_JSON: hidden_size, mamba_num_heads, mamba_head_dim, ssm_state_size, n_groups, conv_kernel, chunk_size,
-dtype, mamba_ssm_cache_dtype. ENTRY: decode, prefill, mixed (default: all).
+dtype, mamba_ssm_cache_dtype. ENTRY: profile (the engine's profile run, once), decode, prefill, mixed (default:
+all).
 """
 
 import json
@@ -153,6 +154,25 @@ def step(mixer, builder, table, vc, reqs):
         mixer.forward(torch.empty((tokens, cfg["hidden_size"]), dtype=dtype, device="cuda"))
 
 
+def profile_step(mixer, vc):
+    """vLLM's profile run (GPUModelRunner.profile_run -> _dummy_run): a step of max_tokens dummy tokens under no
+    attention metadata, in which the mixer warms its SSD kernels (MambaMixer2._warmup_ssd_kernels)."""
+    triton_helpers._autotuned_configs.clear()
+    # The op's Python body, called as a function: a fake impl runs without the torch function modes (the fake
+    # target's), and the warmup makes device tensors from Python lists, which only those modes keep fake.
+    ops = torch.ops.vllm
+    saved = ops.__dict__.get("mamba_mixer2")
+    ops.mamba_mixer2 = mamba_mixer2.mamba_mixer2
+    try:
+        with set_current_vllm_config(vc), set_forward_context(None, vc, num_tokens=max_tokens):
+            mixer.forward(torch.empty((max_tokens, cfg["hidden_size"]), dtype=dtype, device="cuda"))
+    finally:
+        if saved is None:
+            del ops.mamba_mixer2
+        else:
+            ops.mamba_mixer2 = saved
+
+
 probe_target.one_rank()
 vc = config_for()
 found = []
@@ -160,9 +180,11 @@ host, pins = probe_target.host_stays_real()
 with fake_cuda(), host, pins:
     mixer, builder, table = build(vc)
     table = table.to("cuda")
-    for kind in [only] if only else ["decode", "prefill", "mixed"]:
+    for kind in [only] if only else ["profile", "decode", "prefill", "mixed"]:
         start, seen = len(events), len(configs_seen)
-        for _ in range(rounds):
+        if kind == "profile":  # once, as the engine runs it once
+            profile_step(mixer, vc)
+        for _ in range(rounds if kind != "profile" else 0):
             step(mixer, builder, table, vc, composition(kind))
         found += [{"entry": kind, **e} for e in events[start:]]
 for event in found:
