@@ -72,12 +72,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from . import vllm_mamba
-from .vllm_mamba import AutotuneCandidates, python_bodies, random_hidden, real_host, tensor_parallel, warmup_failures
+from .vllm_mamba import AutotuneCandidates, drive, python_bodies, real_host, summary, tensor_parallel, warmup_failures
 from .vllm_sampler import _device_scope, _require_triton, cross
 
 LAYER_NAME = "model.layers.0.linear_attn"
@@ -149,15 +148,9 @@ def gdn(*, hidden_size: int, linear_num_key_heads: int, linear_num_value_heads: 
     with tensor_parallel(dims.tp, TP_USERS), _device_scope(), real_host(), device_zero(), \
             (tuner or contextlib.nullcontext()):
         layer = make_layer(dims, max_num_seqs, max_num_batched_tokens)
-        calls: Counter = Counter()
-        for entry in entries:
-            for batch in sweep(entry, max_num_seqs, max_num_batched_tokens, num_speculative_tokens):
-                run = profile if entry == "profile" else forward
-                run(layer, batch, random_hidden(layer, batch))
-                calls[entry] += 1
-    return {**describe(layer), "entries": entries, "calls": dict(calls), "substitutions": substitutions,
-            "autotune": tuner.summary() if tuner else "native: Triton's autotuner benchmarked on the device",
-            "seconds": round(time.perf_counter() - started, 2)}
+        calls = drive(layer, entries, lambda e: sweep(e, max_num_seqs, max_num_batched_tokens, num_speculative_tokens),
+                      forward, profile)
+    return summary(describe(layer), entries, calls, substitutions, tuner, started)
 
 
 def check_arguments(dims: Dims, entries: list[str]) -> None:

@@ -106,13 +106,26 @@ def mamba(*, hidden_size: int, mamba_num_heads: int, mamba_head_dim: int, ssm_st
     tuner = AutotuneCandidates() if cross() else None
     with tensor_parallel(tensor_parallel_size), _device_scope(), real_host(), (tuner or contextlib.nullcontext()):
         layer = make_layer(dims, max_num_seqs, max_num_batched_tokens)
-        calls: Counter = Counter()
-        for entry in entries:
-            for batch in sweep(entry, max_num_seqs, max_num_batched_tokens, chunk_size):
-                run = profile if entry == "profile" else forward
-                run(layer, batch, random_hidden(layer, batch))
-                calls[entry] += 1
-    return {**describe(layer), "entries": entries, "calls": dict(calls), "substitutions": substitutions,
+        calls = drive(layer, entries, lambda e: sweep(e, max_num_seqs, max_num_batched_tokens, chunk_size),
+                      forward, profile)
+    return summary(describe(layer), entries, calls, substitutions, tuner, started)
+
+
+def drive(layer: Any, entries: list[str], batches: Any, step: Any, profile_step: Any) -> dict:
+    """Each entry's ``batches(entry)`` through the layer, the profile run's by ``profile_step``, every other by
+    ``step``, each on fresh random hidden states; the calls per entry."""
+    calls: Counter = Counter()
+    for entry in entries:
+        for batch in batches(entry):
+            (profile_step if entry == "profile" else step)(layer, batch, random_hidden(layer, batch))
+            calls[entry] += 1
+    return dict(calls)
+
+
+def summary(described: dict, entries: list[str], calls: dict, substitutions: dict, tuner: Any,
+            started: float) -> dict:
+    """What an autotuned family's task reports: the layer, what ran, what was substituted, what was tuned."""
+    return {**described, "entries": entries, "calls": calls, "substitutions": substitutions,
             "autotune": tuner.summary() if tuner else "native: Triton's autotuner benchmarked on the device",
             "seconds": round(time.perf_counter() - started, 2)}
 

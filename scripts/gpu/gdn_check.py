@@ -138,8 +138,9 @@ def timed_step(layer, label: str, batch, records: list[dict], outputs: dict, inp
     import torch
 
     from kernelcache.exercise import vllm_gdn as vg
+    from kernelcache.exercise.vllm_mamba import random_hidden
 
-    hidden = vg.random_hidden(layer, batch)
+    hidden = random_hidden(layer, batch)
     seen, benched = len(records), sum(BENCH.values())
     if not cross:
         torch.cuda.synchronize()
