@@ -116,3 +116,19 @@ def test_the_padded_single_row_keeps_its_stride():
         logits = padded_slice(1, 1001, torch.bfloat16, "cuda")
         copy = torch.empty_like(logits, dtype=torch.float32)
     assert copy.stride() == (1024, 1)
+
+
+def test_small_index_tensors_from_python_data_read_back_as_on_the_gpu():
+    """FLA's ``prepare_chunk_indices`` reads ``cu_seqlens`` back (``.tolist()``) after slicing and ``cdiv``; a fake
+    made from Python data keeps its values through such arithmetic, and loses them when written in place."""
+    with fake_cuda():
+        cu_seqlens = torch.tensor([0, 64, 100], device="cuda", dtype=torch.int32)
+        lens = cu_seqlens[1:] - cu_seqlens[:-1]
+        assert lens.device.type == "cuda"
+        assert lens.tolist() == [64, 36] and ((lens + 63) // 64).tolist() == [1, 1]
+        assert int(cu_seqlens[-1]) == 100 and [int(x) for x in cu_seqlens] == [0, 64, 100]
+        cu_seqlens.add_(1)  # the GPU's values changed; the fake's are not known any more
+        with pytest.raises(Exception, match="local_scalar_dense"):
+            cu_seqlens.tolist()
+        with pytest.raises(Exception, match="local_scalar_dense"):
+            torch.empty(3, device="cuda").tolist()  # a fake that never had values

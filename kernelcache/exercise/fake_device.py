@@ -62,7 +62,9 @@ class FakeCuda(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in READS and _values(args[0]) is not None:
-            return func(_values(args[0]), *args[1:])
+            with _disable_current_modes():  # the values are real host tensors
+                return func(_values(args[0]), *args[1:])
+        _forget_written(func, args, kwargs)
         out = self._route(func, args, dict(kwargs))
         _keep_values(func, args, kwargs, out)
         return out
@@ -87,13 +89,27 @@ class FakeCuda(TorchFunctionMode):
             host = func(*args, **kwargs)
             out = torch.empty(host.shape, dtype=host.dtype, device=device)
             if host.numel() <= SMALL and not isinstance(args[0], torch.Tensor):
-                setattr(out, HOST_VALUES, host)
+                with _disable_current_modes():  # real host values, whatever modes are active
+                    setattr(out, HOST_VALUES, func(*args, **kwargs))
             return out
         return func(*args, **kwargs)
 
 
 def _values(value: Any) -> torch.Tensor | None:
     return getattr(value, HOST_VALUES, None) if _is_fake(value) else None
+
+
+def _forget_written(func, args, kwargs) -> None:
+    """A fake written in place (``t.add_(1)``, ``t[i] = v``, ``out=t``) drops its host values, which would be
+    stale: reading it then fails as for any fake. (A write through another view of its storage, or by a kernel,
+    is not seen; the values kept are of small index tensors made from Python data, which nothing writes.)"""
+    name = getattr(func, "__name__", "")
+    written = [kwargs.get("out")]
+    if name == "__setitem__" or name.startswith("__i") or (name.endswith("_") and not name.endswith("__")):
+        written.append(args[0] if args else None)
+    for tensor in written:
+        if _values(tensor) is not None:
+            delattr(tensor, HOST_VALUES)
 
 
 def _keep_values(func, args, kwargs, out) -> None:
