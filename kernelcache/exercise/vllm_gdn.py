@@ -626,13 +626,19 @@ def fill_block_table(layer: GdnLayer, batch: Batch) -> None:
 
 def forward(layer: GdnLayer, batch: Batch, hidden: Any) -> Any:
     """One step: the builder's metadata, then ``QwenGatedDeltaNetAttention.forward`` under the forward context."""
+    fill_block_table(layer, batch)
+    metadata = layer.builder.build(0, common_metadata(layer, batch), **draft_metadata(layer, batch))
+    return step(layer, {LAYER_NAME: metadata}, batch.num_tokens, hidden)
+
+
+def step(layer: GdnLayer, metadata: dict | None, num_tokens: int, hidden: Any) -> Any:
+    """``QwenGatedDeltaNetAttention.forward`` under the forward context holding ``metadata`` (None: the profile
+    run's)."""
     from vllm.config import set_current_vllm_config
     from vllm.forward_context import set_forward_context
 
-    fill_block_table(layer, batch)
-    metadata = layer.builder.build(0, common_metadata(layer, batch), **draft_metadata(layer, batch))
     with set_current_vllm_config(layer.vllm_config), \
-            set_forward_context({LAYER_NAME: metadata}, layer.vllm_config, num_tokens=batch.num_tokens), \
+            set_forward_context(metadata, layer.vllm_config, num_tokens=num_tokens), \
             python_bodies(GDN_MODULE, CORE_OPS), flashinfer_prefill_shapes(layer):
         return layer.attn.forward(hidden)
 
@@ -640,13 +646,8 @@ def forward(layer: GdnLayer, batch: Batch, hidden: Any) -> Any:
 def profile(layer: GdnLayer, batch: Batch, hidden: Any) -> Any:
     """The profile run's step: the layer's forward with no attention metadata (the runner's ``_dummy_run`` for
     ``profile_run``), which warms the prefill kernels (``_warmup_prefill_kernels``); a warmup failure raises."""
-    from vllm.config import set_current_vllm_config
-    from vllm.forward_context import set_forward_context
-
-    with set_current_vllm_config(layer.vllm_config), \
-            set_forward_context(None, layer.vllm_config, num_tokens=batch.num_tokens), \
-            python_bodies(GDN_MODULE, CORE_OPS), flashinfer_prefill_shapes(layer), warmup_failures(GDN_MODULE):
-        return layer.attn.forward(hidden)
+    with warmup_failures(GDN_MODULE):
+        return step(layer, None, batch.num_tokens, hidden)
 
 
 def empty_flashinfer_prefill(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any, output_final_state: bool,

@@ -76,6 +76,7 @@ from typing import Any
 from .vllm_sampler import _device_scope, _require_triton, cross
 
 LAYER_NAME = "model.layers.0.mixer"
+MIXER_MODULE = "vllm.model_executor.layers.mamba.mamba_mixer2"
 DTYPES = ("bfloat16", "float16")
 STATE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 SSD_MODULES = ("ssd_bmm", "ssd_chunk_scan", "ssd_chunk_state", "ssd_state_passing")
@@ -111,13 +112,13 @@ def mamba(*, hidden_size: int, mamba_num_heads: int, mamba_head_dim: int, ssm_st
     return summary(describe(layer), entries, calls, substitutions, tuner, started)
 
 
-def drive(layer: Any, entries: list[str], batches: Any, step: Any, profile_step: Any) -> dict:
+def drive(layer: Any, entries: list[str], batches: Any, forward_step: Any, profile_step: Any) -> dict:
     """Each entry's ``batches(entry)`` through the layer, the profile run's by ``profile_step``, every other by
-    ``step``, each on fresh random hidden states; the calls per entry."""
+    ``forward_step``, each on fresh random hidden states; the calls per entry."""
     calls: Counter = Counter()
     for entry in entries:
         for batch in batches(entry):
-            (profile_step if entry == "profile" else step)(layer, batch, random_hidden(layer, batch))
+            (profile_step if entry == "profile" else forward_step)(layer, batch, random_hidden(layer, batch))
             calls[entry] += 1
     return dict(calls)
 
@@ -526,28 +527,27 @@ def random_hidden(layer: MambaLayer, batch: Batch) -> Any:
 
 def forward(layer: MambaLayer, batch: Batch, hidden: Any) -> Any:
     """One step: the builder's metadata, then ``MambaMixer2.forward`` under the forward context."""
+    fill_block_table(layer, batch)
+    metadata = layer.builder.build(0, common_metadata(layer, batch))
+    return step(layer, {LAYER_NAME: metadata}, batch.num_tokens, hidden)
+
+
+def step(layer: MambaLayer, metadata: dict | None, num_tokens: int, hidden: Any) -> Any:
+    """``MambaMixer2.forward`` under the forward context holding ``metadata`` (None: the profile run's)."""
     from vllm.config import set_current_vllm_config
     from vllm.forward_context import set_forward_context
 
-    fill_block_table(layer, batch)
-    metadata = layer.builder.build(0, common_metadata(layer, batch))
     with set_current_vllm_config(layer.vllm_config), \
-            set_forward_context({LAYER_NAME: metadata}, layer.vllm_config, num_tokens=batch.num_tokens), \
-            python_bodies("vllm.model_executor.layers.mamba.mamba_mixer2", ("mamba_mixer2",)):
+            set_forward_context(metadata, layer.vllm_config, num_tokens=num_tokens), \
+            python_bodies(MIXER_MODULE, ("mamba_mixer2",)):
         return layer.mixer.forward(hidden)
 
 
 def profile(layer: MambaLayer, batch: Batch, hidden: Any) -> Any:
     """The profile run's step: ``MambaMixer2.forward`` with no attention metadata (the runner's ``_dummy_run``
     for ``profile_run``), which warms the SSD kernels (``_warmup_ssd_kernels``); a warmup failure raises."""
-    from vllm.config import set_current_vllm_config
-    from vllm.forward_context import set_forward_context
-
-    with set_current_vllm_config(layer.vllm_config), \
-            set_forward_context(None, layer.vllm_config, num_tokens=batch.num_tokens), \
-            python_bodies("vllm.model_executor.layers.mamba.mamba_mixer2", ("mamba_mixer2",)), \
-            warmup_failures("vllm.model_executor.layers.mamba.mamba_mixer2"):
-        return layer.mixer.forward(hidden)
+    with warmup_failures(MIXER_MODULE):
+        return step(layer, None, batch.num_tokens, hidden)
 
 
 @contextlib.contextmanager
