@@ -27,7 +27,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from . import __version__
 from .buildcache import BuildCacheCounts, BuildCacheSpec
 from .buildcache import check as check_build_cache
 from .buildcache import resolve as resolve_build_cache
@@ -56,6 +55,7 @@ from .plan.gpus import GpuProfile, visible_gpus
 from .plan.recipe import BuildPlan, PlanOverrides, load
 from .plan.targets import BuildTarget, check_paths, plan_targets
 from .plan.tasks import Task
+from .version import __version__
 
 
 @dataclass(frozen=True)

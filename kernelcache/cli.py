@@ -16,8 +16,8 @@ from typing import Any
 
 import click
 
-from . import __version__
 from .errors import FingerprintMismatch, KernelcacheError, StorageError
+from .version import __version__
 
 
 class LazyConsole:

@@ -39,7 +39,7 @@ _REPEATED = ("--trusted-key",)  # given more than once: each value counts (click
 
 def main() -> None:
     if sys.argv[1:] == ["--version"]:
-        from . import __version__
+        from .version import __version__
 
         print(f"kernelcache, version {__version__}")
         return

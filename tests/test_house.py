@@ -47,12 +47,13 @@ LAYERS = (
     ("tune", ("kernelcache.tune",)),  # times a bundle's autotuned kernels: install, exercise and verify's plan
     ("cli", ("kernelcache.cli", "kernelcache.entry", "kernelcache.__main__")),
 )
-# Shared by every layer: the errors, the package (its __version__), and the bundle format's vocabulary --
+# Shared by every layer: the errors, the version, the package face, and the bundle format's vocabulary --
 # the manifest records harvest produces and install reads, and the environment fingerprint (with the Triton
 # identity record and the key variables it names) an exercise process reports and install compares; the
 # manifest's canonical form (bundle/canonical.py, standard library only) goes with the manifest.
-BASE = ("kernelcache", "kernelcache.errors", "kernelcache.bundle.manifest", "kernelcache.bundle.canonical",
-        "kernelcache.bundle.fingerprint", "kernelcache.bundle.envscan", "kernelcache.bundle.identity")
+BASE = ("kernelcache", "kernelcache.version", "kernelcache.errors", "kernelcache.bundle.manifest",
+        "kernelcache.bundle.canonical", "kernelcache.bundle.fingerprint", "kernelcache.bundle.envscan",
+        "kernelcache.bundle.identity")
 # Runs inside the served interpreter (from kernelcache's site dir on PYTHONPATH) and checks the same files the
 # fingerprint key names: standard library only (test_the_shared_site_module_needs_only_the_standard_library),
 # so any layer may import it. (The import graph names it by its folder when imported as `from .site import`.)

@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__
 from ..errors import MergeConflict, UsageError
+from ..version import __version__
 from .archive import bundle_digest, extract, read_manifest, source_date_epoch, write
 from .manifest import AUTOTUNE_SUFFIX, Build, Environment, FlashInferModule, Kernel, Manifest, Module, Tuning
 

@@ -8,10 +8,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__
 from ..errors import UsageError
 from ..exercise.listener import ExerciseLog
 from ..harvest import Entry, Harvest, harvest, to_manifest_entries
+from ..version import __version__
 from .archive import bundle_digest, source_date_epoch, write
 from .fingerprint import local_environment
 from .identity import identity_here

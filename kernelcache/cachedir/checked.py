@@ -37,9 +37,9 @@ import json
 import os
 from collections import namedtuple
 
-from .. import __version__
 from ..bundle.envscan import gpu_witness, key_digest, scan_key
 from ..bundle.trust import NO_POLICY, key_fingerprints, signature_path
+from ..version import __version__
 from .layout import STATE_DIR, cache_root, keep_newest, unfinished
 
 TYPE_CHECKING = False
