@@ -30,11 +30,11 @@ from pathlib import Path
 from .buildcache import BuildCacheCounts, BuildCacheSpec
 from .buildcache import check as check_build_cache
 from .buildcache import resolve as resolve_build_cache
-from .bundle.archive import source_date_epoch
-from .bundle.fingerprint import local_environment
-from .bundle.identity import identity_here
+from .format.archive import source_date_epoch
+from .format.fingerprint import local_environment
+from .format.identity import identity_here
 from .bundle.make import PackResult, make_bundle
-from .bundle.manifest import (
+from .format.manifest import (
     Build,
     DeviceKeys,
     DeviceTable,
@@ -44,7 +44,7 @@ from .bundle.manifest import (
     capability_to_arch,
     flag_capability,
 )
-from .bundle.manifest import identity_record as manifest_identity
+from .format.manifest import identity_record as manifest_identity
 from .bundle.signature import SigningKey, SignResult, load_signing_key
 from .bundle.signature import sign as sign_bundle
 from .errors import BuildFailed

@@ -137,7 +137,7 @@ def _install_now(bundle: str, cache_dir: str | None, check_gpu: bool, as_json: b
     from .errors import KernelcacheError
 
     try:
-        from .bundle.archive import Limits
+        from .format.archive import Limits
         from .install import install
 
         limits = Limits.from_env()  # as cli.make_limits, with no --max-* flags

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .bundle.manifest import Kernel, Member, Module
+from .format.manifest import Kernel, Member, Module
 from .exercise.listener import CompileRecord
 from .runtime.site.kernelcache_prebuilt import SOURCE_SUFFIX
 

@@ -570,7 +570,7 @@ def sign(bundle: str | os.PathLike, key: str | os.PathLike | SigningKey) -> Sign
 
 
 def _verified_digest(path: Path) -> str:
-    from .archive import bundle_digest, iter_members, read_manifest
+    from ..format.archive import bundle_digest, iter_members, read_manifest
 
     seen = [manifest for manifest, _, _ in iter_members(path)][-1:]  # every member read and checked
     return bundle_digest(seen[0] if seen else read_manifest(path))

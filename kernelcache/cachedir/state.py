@@ -17,7 +17,7 @@ from ..errors import BundleManifestError, StorageError, UsageError
 from .layout import STATE_DIR, cache_root, default_cache_root
 
 if TYPE_CHECKING:  # parsed only where a receipt is read: `env` on every pod start needs no manifest classes
-    from ..bundle.manifest import Manifest
+    from ..format.manifest import Manifest
     from ..bundle.signature import SignatureInfo
 
 _STATE_SUBDIRS = ("staging", "installed", "journal")
@@ -137,7 +137,7 @@ class Receipt:
         if not isinstance(data, dict) or not isinstance(data.get("digest"), str) \
                 or not isinstance(data.get("manifest"), dict):
             raise ValueError("not a receipt: needs a digest and a manifest")
-        from ..bundle.manifest import Manifest
+        from ..format.manifest import Manifest
 
         try:
             manifest = Manifest.from_dict(data["manifest"])

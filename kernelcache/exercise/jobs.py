@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bundle.manifest import Environment
+from ..format.manifest import Environment
 from ..errors import BuildFailed
 from ..plan.recipe import BuildPlan
 from ..plan.targets import BuildTarget
@@ -47,7 +47,7 @@ class WorkerResult:
     launchers_initialised: int = 0
     seconds: float = 0.0
     environment: Environment | None = None  # the fingerprint it compiled under (None: Triton unusable)
-    triton_identity: dict | None = None  # its Triton by content (bundle/identity.py), None if it has none
+    triton_identity: dict | None = None  # its Triton by content (format/identity.py), None if it has none
 
     @classmethod
     def read(cls, path: Path) -> WorkerResult:

@@ -177,6 +177,6 @@ def _param(names: list[str], index: Any) -> str:
 
 
 def _value(value: Any) -> Any:
-    from ..bundle.manifest import json_value
+    from ..format.manifest import json_value
 
     return json_value(value)

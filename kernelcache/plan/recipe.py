@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..bundle.manifest import arch_to_capability, capability_to_arch
+from ..format.manifest import arch_to_capability, capability_to_arch
 from ..errors import RecipeError, UsageError
 from .gpus import PROFILES, GpuProfile
 from .model import GDN_ARCHITECTURES, MAMBA_CONFIG_NAMES, RECIPE_KEYS, ModelSpec, load_config

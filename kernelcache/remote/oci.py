@@ -41,10 +41,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bundle import archive
+from ..format import archive
 from ..bundle.compare import fingerprint
-from ..bundle.fingerprint import platform_tag
-from ..bundle.manifest import Manifest
+from ..format.fingerprint import platform_tag
+from ..format.manifest import Manifest
 from ..bundle.signature import (
     CONFIG_MEDIA_TYPE,
     LAYER_MEDIA_TYPE,

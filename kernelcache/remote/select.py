@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..bundle.manifest import arch_to_capability
+from ..format.manifest import arch_to_capability
 from ..errors import ArchMismatch, UsageError
 from ..plan.gpus import VisibleGpu, profile, profile_for
 

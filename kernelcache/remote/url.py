@@ -16,7 +16,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..bundle.manifest import Manifest
+from ..format.manifest import Manifest
 from ..bundle.signature import MAX_FILE_BYTES, keep_beside
 from ..bundle.trust import SUFFIX
 from ..errors import KernelcacheError, MissingDependency, RemoteError, UsageError

@@ -46,7 +46,7 @@ def key_candidates(env: dict[str, str]) -> dict[str, str]:
 
 
 def scan_key() -> dict:
-    """The fields of this process's ``EnvironmentKey`` (bundle/envkey.py): a few hundred ``stat`` calls."""
+    """The fields of this process's ``EnvironmentKey`` (format/envkey.py): a few hundred ``stat`` calls."""
     _LISTINGS.clear()  # listings are shared by one key's lookups only: pip may have run since the last key
     env = dict(os.environ)
     triton_dir = package_dir("triton")

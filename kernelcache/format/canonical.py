@@ -1,7 +1,7 @@
 """The manifest's canonical JSON form, made without ``dataclasses.asdict`` and json's pure-Python encoder.
 
 A bundle's digest is the sha256 of its manifest's canonical form, ``json.dumps(data, indent=1)`` of
-``data = _plain(asdict(manifest))`` (bundle/manifest.py). For a 400-kernel sampler manifest that costs a cold
+``data = _plain(asdict(manifest))`` (format/manifest.py). For a 400-kernel sampler manifest that costs a cold
 install ~40 ms: ~20 ms in ``asdict`` (it deep-copies every leaf) and ~20 ms in json's encoder, which runs
 in pure Python whenever ``indent`` is given. The two functions here give exactly the same values and bytes
 (tests/test_canonical.py compares them with the standard library's on real manifests and edge cases):
@@ -131,7 +131,7 @@ def _dict(v: dict, d: int, out: Callable[[str], None], memo: dict) -> None:
 
 
 def plain(value: object) -> object:
-    """``_plain(asdict(value))`` (bundle/manifest.py) without the deep copy (``Unusual`` outside the fast path)."""
+    """``_plain(asdict(value))`` (format/manifest.py) without the deep copy (``Unusual`` outside the fast path)."""
     t = type(value)
     if t is str or t is int or t is bool or value is None:
         return value

@@ -204,7 +204,7 @@ class Manifest:
     modules: tuple[Module, ...] = ()
     flashinfer: tuple[FlashInferModule, ...] = ()
     format_version: int = FORMAT_VERSION
-    triton_identity: TritonIdentity | None = None  # bundle/identity.py; left out of the JSON when None
+    triton_identity: TritonIdentity | None = None  # format/identity.py; left out of the JSON when None
     tuning: Tuning | None = None  # autotune choices (kernelcache tune); left out of the JSON when None
 
     def files(self, choices: bool = True) -> Iterator[FileRecord]:
@@ -256,7 +256,7 @@ class Manifest:
 
     def to_json(self) -> bytes:
         """The canonical form, whose sha256 is the bundle's digest: ``json.dumps(to_dict(), indent=1)`` and a
-        newline (bundle/canonical.py writes the same bytes without json's pure-Python encoder, ~20 ms)."""
+        newline (format/canonical.py writes the same bytes without json's pure-Python encoder, ~20 ms)."""
         data = self.to_dict()
         try:
             text = canonical.dumps(data)
