@@ -30,10 +30,15 @@ from pathlib import Path
 from .buildcache import BuildCacheCounts, BuildCacheSpec
 from .buildcache import check as check_build_cache
 from .buildcache import resolve as resolve_build_cache
+from .bundle.make import PackResult, make_bundle
+from .bundle.signature import SigningKey, SignResult, load_signing_key
+from .bundle.signature import sign as sign_bundle
+from .errors import BuildFailed
+from .exercise.jobs import WorkerResult, exercise, flashinfer_jit_module
+from .exercise.listener import CompileRecord
 from .format.archive import source_date_epoch
 from .format.fingerprint import local_environment
 from .format.identity import identity_here
-from .bundle.make import PackResult, make_bundle
 from .format.manifest import (
     Build,
     DeviceKeys,
@@ -45,11 +50,6 @@ from .format.manifest import (
     flag_capability,
 )
 from .format.manifest import identity_record as manifest_identity
-from .bundle.signature import SigningKey, SignResult, load_signing_key
-from .bundle.signature import sign as sign_bundle
-from .errors import BuildFailed
-from .exercise.jobs import WorkerResult, exercise, flashinfer_jit_module
-from .exercise.listener import CompileRecord
 from .harvest import harvest
 from .plan.gpus import GpuProfile, visible_gpus
 from .plan.recipe import BuildPlan, PlanOverrides, load

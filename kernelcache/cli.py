@@ -677,8 +677,8 @@ def fingerprint(archs: tuple[str, ...], as_json: bool) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from .format.manifest import capability_to_arch, flag_capability
     from .bundle.target_env import take
+    from .format.manifest import capability_to_arch, flag_capability
 
     found = take([capability_to_arch(flag_capability(a)) for a in archs] or None)
     if as_json:

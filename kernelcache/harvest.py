@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .format.manifest import Kernel, Member, Module
 from .exercise.listener import CompileRecord
+from .format.manifest import Kernel, Member, Module
 from .runtime.site.kernelcache_prebuilt import SOURCE_SUFFIX
 
 KEY_PATTERN = re.compile(r"[A-Z2-7]{52}")

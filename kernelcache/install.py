@@ -42,12 +42,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .format import archive
-from .format.envkey import EnvironmentKey, KnownEnvironment, environment_key
-from .format.envscan import distribution_version, gpu_witness, package_dir
-from .format.fingerprint import Difference, choices_refusal, compare, compare_gpu, local_environment
-from .format.identity import environment_from
-from .format.manifest import AUTOTUNE_SUFFIX, Environment, Kernel, Manifest
 from .bundle.signature import SignatureInfo, check_file
 from .bundle.trust import NO_POLICY, Policy, policy, signature_path
 from .cachedir import CacheDir, Journal, Receipt, atomic_write, publish_entries, recover, resolve_cache_dir
@@ -63,6 +57,12 @@ from .errors import (
     SignatureMismatch,
     StorageError,
 )
+from .format import archive
+from .format.envkey import EnvironmentKey, KnownEnvironment, environment_key
+from .format.envscan import distribution_version, gpu_witness, package_dir
+from .format.fingerprint import Difference, choices_refusal, compare, compare_gpu, local_environment
+from .format.identity import environment_from
+from .format.manifest import AUTOTUNE_SUFFIX, Environment, Kernel, Manifest
 from .harvest import KEY_PATTERN
 from .plan.gpus import GpuProbe
 

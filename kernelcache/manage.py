@@ -28,15 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .format.envscan import distribution_version
-from .format.fingerprint import compare
-from .format.manifest import Manifest
 from .bundle.signature import SignatureInfo, signature_info
 from .cachedir import STATE_DIR, CacheDir, Receipt, recover, resolve_cache_dir
 from .cachedir.checked import record_holds as checked_record_holds
 from .cachedir.layout import kept_records, leftover_names
 from .cachedir.publish import withdraw
 from .errors import KernelcacheError, NotACacheDir, NotInstalled, StorageError, UsageError
+from .format.envscan import distribution_version
+from .format.fingerprint import compare
+from .format.manifest import Manifest
 from .install import environment_here
 from .runtime.served import last_served
 from .runtime.served import record_holds as served_record_holds

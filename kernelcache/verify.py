@@ -34,9 +34,6 @@ from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .format.archive import read_manifest
-from .format.fingerprint import device_note
-from .format.manifest import AUTOTUNE_SUFFIX, FlashInferModule, Manifest, arch_to_capability
 from .cachedir import STATE_DIR, CacheDir, resolve_cache_dir
 from .errors import (
     CompilesDetected,
@@ -46,6 +43,9 @@ from .errors import (
     UsageError,
 )
 from .exercise.jobs import exercise
+from .format.archive import read_manifest
+from .format.fingerprint import device_note
+from .format.manifest import AUTOTUNE_SUFFIX, FlashInferModule, Manifest, arch_to_capability
 from .install import install
 from .plan.gpus import GpuProfile, visible_gpus
 from .plan.recipe import BuildPlan, PlanOverrides, load

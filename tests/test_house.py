@@ -47,13 +47,11 @@ LAYERS = (
     ("tune", ("kernelcache.tune",)),  # times a bundle's autotuned kernels: install, exercise and verify's plan
     ("cli", ("kernelcache.cli", "kernelcache.entry", "kernelcache.__main__")),
 )
-# Shared by every layer: the errors, the version, the package face, and the bundle format's vocabulary --
-# the manifest records harvest produces and install reads, and the environment fingerprint (with the Triton
-# identity record and the key variables it names) an exercise process reports and install compares; the
-# manifest's canonical form (bundle/canonical.py, standard library only) goes with the manifest.
-BASE = ("kernelcache", "kernelcache.version", "kernelcache.errors", "kernelcache.bundle.manifest",
-        "kernelcache.bundle.canonical", "kernelcache.bundle.fingerprint", "kernelcache.bundle.envscan",
-        "kernelcache.bundle.identity")
+# The ground floor, shared by every layer: the errors, the version, the package face, and the bundle format with
+# the vocabulary every stage reads (kernelcache/format/: the manifest records harvest produces and install reads,
+# the environment fingerprint an exercise process reports and install compares, ...).
+BASE = ("kernelcache", "kernelcache.version", "kernelcache.errors")
+GROUND = ("kernelcache.format",)
 # Runs inside the served interpreter (from kernelcache's site dir on PYTHONPATH) and checks the same files the
 # fingerprint key names: standard library only (test_the_shared_site_module_needs_only_the_standard_library),
 # so any layer may import it. (The import graph names it by its folder when imported as `from .site import`.)
@@ -93,7 +91,7 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer(name: str) -> int | None:
-    if name in BASE or name in SHARED_SITE:
+    if name in BASE or name in SHARED_SITE or any(name == g or name.startswith(g + ".") for g in GROUND):
         return None
     for index, (_, prefixes) in enumerate(LAYERS):
         if any(name == p or name.startswith(p + ".") for p in prefixes):

@@ -10,8 +10,6 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..exercise.listener import ExerciseLog
-from ..harvest import Entry, Harvest, harvest, to_manifest_entries
-from ..version import __version__
 from ..format.archive import bundle_digest, source_date_epoch, write
 from ..format.fingerprint import local_environment
 from ..format.identity import identity_here
@@ -26,6 +24,8 @@ from ..format.manifest import (
     capability_to_arch,
     flag_capability,
 )
+from ..harvest import Entry, Harvest, harvest, to_manifest_entries
+from ..version import __version__
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ import json
 import os
 from collections import namedtuple
 
-from ..format.envscan import gpu_witness, key_digest, scan_key
 from ..bundle.trust import NO_POLICY, key_fingerprints, signature_path
+from ..format.envscan import gpu_witness, key_digest, scan_key
 from ..version import __version__
 from .layout import STATE_DIR, cache_root, keep_newest, unfinished
 

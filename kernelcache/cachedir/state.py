@@ -17,8 +17,8 @@ from ..errors import BundleManifestError, StorageError, UsageError
 from .layout import STATE_DIR, cache_root, default_cache_root
 
 if TYPE_CHECKING:  # parsed only where a receipt is read: `env` on every pod start needs no manifest classes
-    from ..format.manifest import Manifest
     from ..bundle.signature import SignatureInfo
+    from ..format.manifest import Manifest
 
 _STATE_SUBDIRS = ("staging", "installed", "journal")
 REMOVAL_SUFFIX = ".rm.json"  # journal/<digest>.rm.json: a removal's journal (journal/<digest>.json: an install's)

@@ -33,9 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import BuildFailed, MissingDependency, ToolchainUnavailable, UsageError
 from ..format.fingerprint import package_version
 from ..format.manifest import FLASHINFER_ROOT, FlashInferModule, Member, arch_to_capability
-from ..errors import BuildFailed, MissingDependency, ToolchainUnavailable, UsageError
 
 MODULE = "sampling"
 # The CUDA 13.0 wheels that build sampling: nvcc with its crt and nvvm parts, the runtime, curand's
