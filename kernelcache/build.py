@@ -35,8 +35,8 @@ from .bundle.signature import SigningKey, SignResult, load_signing_key
 from .bundle.signature import sign as sign_bundle
 from .errors import BuildFailed
 from .exercise.jobs import WorkerResult, exercise, flashinfer_jit_module
-from .exercise.listener import CompileRecord
 from .format.archive import source_date_epoch
+from .format.compilelog import CompileRecord
 from .format.fingerprint import local_environment
 from .format.identity import identity_here
 from .format.manifest import (

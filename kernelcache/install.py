@@ -58,12 +58,12 @@ from .errors import (
     StorageError,
 )
 from .format import archive
+from .format.cachekey import KEY_PATTERN
 from .format.envkey import EnvironmentKey, KnownEnvironment, environment_key
 from .format.envscan import distribution_version, gpu_witness, package_dir
 from .format.fingerprint import Difference, choices_refusal, compare, compare_gpu, local_environment
 from .format.identity import environment_from
 from .format.manifest import AUTOTUNE_SUFFIX, Environment, Kernel, Manifest
-from .harvest import KEY_PATTERN
 from .plan.gpus import GpuProbe
 
 

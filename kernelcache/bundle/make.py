@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..exercise.listener import ExerciseLog
 from ..format.archive import bundle_digest, source_date_epoch, write
+from ..format.compilelog import ExerciseLog
 from ..format.fingerprint import local_environment
 from ..format.identity import identity_here
 from ..format.manifest import (

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BuildFailed
+from ..format.compilelog import ExerciseLog
 from ..format.manifest import Environment
 from ..plan.recipe import BuildPlan
 from ..plan.targets import BuildTarget
 from ..plan.tasks import SAMPLER, Task, plan_units
 from .device_tables import candidates_env
-from .listener import ExerciseLog
 from .worker import Job
 
 
