@@ -19,6 +19,7 @@ import re
 import sys
 
 from ..runtime.site.kernelcache_tritonkey import triton_files  # the served triton_key() seed checks these too
+from . import keep_old_name
 
 DISTRIBUTIONS = ("triton", "torch", "vllm", "flashinfer-python", "apache-tvm-ffi")
 
@@ -189,3 +190,5 @@ def _read(path: str) -> str:
             return handle.read()
     except OSError:
         return "(none)"
+
+keep_old_name(__name__)  # kernelcache.bundle.envscan

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..errors import MissingDependency
+from . import keep_old_name
 from .envscan import OPTION_ENV_VARS
 from .manifest import DeviceKeys, Environment, Manifest, Target, Tuning, arch_to_capability
 
@@ -232,3 +233,5 @@ def _show(value: object) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k}={v}" for k, v in value.items()) or "(none)"
     return str(value)
+
+keep_old_name(__name__)  # kernelcache.bundle.fingerprint

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import BundleManifestError, UsageError
 from ..runtime.site.kernelcache_autotune import SUFFIX as AUTOTUNE_SUFFIX
-from . import canonical
+from . import canonical, keep_old_name
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -404,3 +404,5 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return json_value(value)
+
+keep_old_name(__name__)  # kernelcache.bundle.manifest
