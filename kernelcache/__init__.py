@@ -15,9 +15,9 @@ import sys
 import types
 from importlib import import_module
 
-TYPE_CHECKING = False  # typing itself is not imported: the pod-start fast path (entry.py) pays each import
+from .version import __version__
 
-__version__ = "0.1.0"
+TYPE_CHECKING = False  # typing itself is not imported: the pod-start fast path (entry.py) pays each import
 
 _API = {
     "pack": "kernelcache.bundle.make:pack",

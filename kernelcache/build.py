@@ -27,15 +27,19 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from . import __version__
 from .buildcache import BuildCacheCounts, BuildCacheSpec
 from .buildcache import check as check_build_cache
 from .buildcache import resolve as resolve_build_cache
-from .bundle.archive import source_date_epoch
-from .bundle.fingerprint import local_environment
-from .bundle.identity import identity_here
 from .bundle.make import PackResult, make_bundle
-from .bundle.manifest import (
+from .bundle.signature import SigningKey, SignResult, load_signing_key
+from .bundle.signature import sign as sign_bundle
+from .errors import BuildFailed
+from .exercise.jobs import WorkerResult, exercise, flashinfer_jit_module
+from .format.archive import source_date_epoch
+from .format.compilelog import CompileRecord
+from .format.fingerprint import local_environment
+from .format.identity import identity_here
+from .format.manifest import (
     Build,
     DeviceKeys,
     DeviceTable,
@@ -45,17 +49,13 @@ from .bundle.manifest import (
     capability_to_arch,
     flag_capability,
 )
-from .bundle.manifest import identity_record as manifest_identity
-from .bundle.signature import SigningKey, SignResult, load_signing_key
-from .bundle.signature import sign as sign_bundle
-from .errors import BuildFailed
-from .exercise.jobs import WorkerResult, exercise, flashinfer_jit_module
-from .exercise.listener import CompileRecord
+from .format.manifest import identity_record as manifest_identity
 from .harvest import harvest
 from .plan.gpus import GpuProfile, visible_gpus
 from .plan.recipe import BuildPlan, PlanOverrides, load
 from .plan.targets import BuildTarget, check_paths, plan_targets
 from .plan.tasks import Task
+from .version import __version__
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from typing import Any
 
 import click
 
-from . import __version__
 from .errors import FingerprintMismatch, KernelcacheError, StorageError
+from .version import __version__
 
 
 class LazyConsole:
@@ -143,7 +143,7 @@ def limits_options(func):
 
 
 def make_limits(members: str | None, member_bytes: str | None, total_bytes: str | None):
-    from .bundle.archive import Limits, parse_size
+    from .format.archive import Limits, parse_size
 
     given = {"members": members, "member_bytes": member_bytes, "total_bytes": total_bytes}
     return Limits.from_env(**{k: parse_size(v) for k, v in given.items() if v is not None})
@@ -677,8 +677,8 @@ def fingerprint(archs: tuple[str, ...], as_json: bool) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from .bundle.manifest import capability_to_arch, flag_capability
     from .bundle.target_env import take
+    from .format.manifest import capability_to_arch, flag_capability
 
     found = take([capability_to_arch(flag_capability(a)) for a in archs] or None)
     if as_json:

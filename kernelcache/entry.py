@@ -39,7 +39,7 @@ _REPEATED = ("--trusted-key",)  # given more than once: each value counts (click
 
 def main() -> None:
     if sys.argv[1:] == ["--version"]:
-        from . import __version__
+        from .version import __version__
 
         print(f"kernelcache, version {__version__}")
         return
@@ -137,7 +137,7 @@ def _install_now(bundle: str, cache_dir: str | None, check_gpu: bool, as_json: b
     from .errors import KernelcacheError
 
     try:
-        from .bundle.archive import Limits
+        from .format.archive import Limits
         from .install import install
 
         limits = Limits.from_env()  # as cli.make_limits, with no --max-* flags

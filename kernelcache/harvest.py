@@ -21,11 +21,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .bundle.manifest import Kernel, Member, Module
-from .exercise.listener import CompileRecord
+from .format.cachekey import KEY_PATTERN
+from .format.compilelog import CompileRecord
+from .format.manifest import Kernel, Member, Module
 from .runtime.site.kernelcache_prebuilt import SOURCE_SUFFIX
 
-KEY_PATTERN = re.compile(r"[A-Z2-7]{52}")
 BINARY_SUFFIXES = (".cubin", ".hsaco")
 _ARG = re.compile(r"%([A-Za-z_][\w]*): (!tt\.ptr<([\w]+)>|[a-z]+\d*)")
 _TYPES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "f64": "fp64", "i1": "i1"}

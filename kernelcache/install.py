@@ -42,12 +42,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .bundle import archive
-from .bundle.envkey import EnvironmentKey, KnownEnvironment, environment_key
-from .bundle.envscan import distribution_version, gpu_witness, package_dir
-from .bundle.fingerprint import Difference, choices_refusal, compare, compare_gpu, local_environment
-from .bundle.identity import environment_from
-from .bundle.manifest import AUTOTUNE_SUFFIX, Environment, Kernel, Manifest
 from .bundle.signature import SignatureInfo, check_file
 from .bundle.trust import NO_POLICY, Policy, policy, signature_path
 from .cachedir import CacheDir, Journal, Receipt, atomic_write, publish_entries, recover, resolve_cache_dir
@@ -63,7 +57,13 @@ from .errors import (
     SignatureMismatch,
     StorageError,
 )
-from .harvest import KEY_PATTERN
+from .format import archive
+from .format.cachekey import KEY_PATTERN
+from .format.envkey import EnvironmentKey, KnownEnvironment, environment_key
+from .format.envscan import distribution_version, gpu_witness, package_dir
+from .format.fingerprint import Difference, choices_refusal, compare, compare_gpu, local_environment
+from .format.identity import environment_from
+from .format.manifest import AUTOTUNE_SUFFIX, Environment, Kernel, Manifest
 from .plan.gpus import GpuProbe
 
 
@@ -256,7 +256,7 @@ def environment_here(archs: Iterable[str], cache: CacheDir, manifest: Manifest |
 
     1. the cache dir's record, when it was computed under the key that holds now (it names every file,
        binary and variable the fingerprint reads) and covers ``archs``;
-    2. the bundle's identity record (bundle/identity.py), when this Triton's files are the ones it names
+    2. the bundle's identity record (format/identity.py), when this Triton's files are the ones it names
        (by content: a few ms) and nothing here makes Triton read another ptxas or another variable;
     3. Triton itself (an import and ``triton_key()``'s hash of libtriton.so).
     A key that changed meanwhile (a pip running beside us) yields no record to keep."""

@@ -28,15 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .bundle.envscan import distribution_version
-from .bundle.fingerprint import compare
-from .bundle.manifest import Manifest
 from .bundle.signature import SignatureInfo, signature_info
 from .cachedir import STATE_DIR, CacheDir, Receipt, recover, resolve_cache_dir
 from .cachedir.checked import record_holds as checked_record_holds
 from .cachedir.layout import kept_records, leftover_names
 from .cachedir.publish import withdraw
 from .errors import KernelcacheError, NotACacheDir, NotInstalled, StorageError, UsageError
+from .format.envscan import distribution_version
+from .format.fingerprint import compare
+from .format.manifest import Manifest
 from .install import environment_here
 from .runtime.served import last_served
 from .runtime.served import record_holds as served_record_holds
@@ -483,7 +483,7 @@ def prune_build_cache(max_size: int | str, build_cache: str | os.PathLike | None
                       dry_run: bool = False) -> BuildCachePruneResult:
     """Remove the least recently used entries of a local build cache until the rest take at most ``max_size`` bytes
     (``"10G"`` works too). A build that reads an entry while it goes still reads it whole, or compiles the kernel."""
-    from .bundle.archive import parse_size
+    from .format.archive import parse_size
 
     limit = parse_size(max_size) if isinstance(max_size, str) else int(max_size)
     store = _build_cache_store(build_cache)

@@ -31,10 +31,10 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .bundle.archive import bundle_digest, extract, read_manifest, write
-from .bundle.manifest import AUTOTUNE_SUFFIX, FileRecord, Manifest, Tuning
 from .errors import ArchMismatch, CompilesDetected, KernelcacheError, NothingTuned, UsageError
 from .exercise.jobs import exercise
+from .format.archive import bundle_digest, extract, read_manifest, write
+from .format.manifest import AUTOTUNE_SUFFIX, FileRecord, Manifest, Tuning
 from .install import check_choices, plan_install
 from .plan.gpus import PROFILES, GpuProfile, VisibleGpu, stamp, visible_gpus
 from .plan.targets import BuildTarget

@@ -34,9 +34,6 @@ from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .bundle.archive import read_manifest
-from .bundle.fingerprint import device_note
-from .bundle.manifest import AUTOTUNE_SUFFIX, FlashInferModule, Manifest, arch_to_capability
 from .cachedir import STATE_DIR, CacheDir, resolve_cache_dir
 from .errors import (
     CompilesDetected,
@@ -46,6 +43,9 @@ from .errors import (
     UsageError,
 )
 from .exercise.jobs import exercise
+from .format.archive import read_manifest
+from .format.fingerprint import device_note
+from .format.manifest import AUTOTUNE_SUFFIX, FlashInferModule, Manifest, arch_to_capability
 from .install import install
 from .plan.gpus import GpuProfile, visible_gpus
 from .plan.recipe import BuildPlan, PlanOverrides, load
@@ -339,7 +339,7 @@ def _module_name(path: str) -> str:
 
 def _generic_launcher() -> bool:
     """Triton >= 3.7 launches through one generic ``cuda_utils`` module, whose key holds machine paths."""
-    from .bundle.fingerprint import package_version
+    from .format.fingerprint import package_version
 
     version = package_version("triton") or "0"
     major, minor = (int(x) for x in version.split(".")[:2])

@@ -23,7 +23,7 @@ mkdir -p "$OUT" "$WORK/site" "$WORK/wheels"
 "$PY" - "$BUILD_DIR" "$OUT/fi-sm_90.tar.zst" <<'EOF'
 import sys, time
 from pathlib import Path
-from kernelcache import __version__
+from kernelcache.version import __version__
 from kernelcache.bundle.fingerprint import local_environment
 from kernelcache.bundle.make import make_bundle
 from kernelcache.bundle.manifest import Build, Target

@@ -30,8 +30,14 @@ def test_comments_cite_nothing_outside_the_repository():
 
 # -- the import graph -------------------------------------------------------------------------------
 
-# The pipeline, in the order a module may import: each layer imports only layers before it (and itself).
+# The floors, in the order a module may import: each layer imports only layers before it (and itself).
 LAYERS = (
+    # The ground floor, read by every stage and importing none: the errors, the version, the bundle format with the
+    # vocabulary every stage reads (format/: manifest, canonical JSON, archive, fingerprint, environment key and scan,
+    # Triton identity, cache-key pattern, compile-log records), and the hooks that run inside a served interpreter
+    # (runtime/site/, from kernelcache's site dir on PYTHONPATH: standard library only, as
+    # test_the_shared_site_modules_need_only_the_standard_library checks).
+    ("ground", ("kernelcache.errors", "kernelcache.version", "kernelcache.format", "kernelcache.runtime.site")),
     ("plan", ("kernelcache.plan",)),
     ("exercise", ("kernelcache.exercise",)),
     ("harvest", ("kernelcache.harvest",)),
@@ -45,19 +51,10 @@ LAYERS = (
     ("manage", ("kernelcache.manage",)),  # ls / rm / prune: what install put in a cache dir, and what serves it
     ("verify", ("kernelcache.verify",)),
     ("tune", ("kernelcache.tune",)),  # times a bundle's autotuned kernels: install, exercise and verify's plan
-    ("cli", ("kernelcache.cli", "kernelcache.entry", "kernelcache.__main__")),
+    # The commands and the package face (kernelcache/__init__.py), which hands every verb on.
+    ("cli", ("kernelcache.cli", "kernelcache.entry", "kernelcache.__main__", "kernelcache")),
 )
-# Shared by every layer: the errors, the package (its __version__), and the bundle format's vocabulary --
-# the manifest records harvest produces and install reads, and the environment fingerprint (with the Triton
-# identity record and the key variables it names) an exercise process reports and install compares; the
-# manifest's canonical form (bundle/canonical.py, standard library only) goes with the manifest.
-BASE = ("kernelcache", "kernelcache.errors", "kernelcache.bundle.manifest", "kernelcache.bundle.canonical",
-        "kernelcache.bundle.fingerprint", "kernelcache.bundle.envscan", "kernelcache.bundle.identity")
-# Runs inside the served interpreter (from kernelcache's site dir on PYTHONPATH) and checks the same files the
-# fingerprint key names: standard library only (test_the_shared_site_module_needs_only_the_standard_library),
-# so any layer may import it. (The import graph names it by its folder when imported as `from .site import`.)
-SHARED_SITE = ("kernelcache.runtime.site", "kernelcache.runtime.site.kernelcache_tritonkey",
-               "kernelcache.runtime.site.kernelcache_prebuilt", "kernelcache.runtime.site.kernelcache_autotune")
+FACE = "kernelcache"  # everything is under the package face: it names itself alone
 
 
 def module_name(path: Path) -> str:
@@ -91,25 +88,19 @@ def graph() -> dict[str, set[str]]:
     return {name: imports(name, path, set(found)) for name, path in found.items()}
 
 
-def layer(name: str) -> int | None:
-    if name in BASE or name in SHARED_SITE:
-        return None
+def layer(name: str) -> int:
     for index, (_, prefixes) in enumerate(LAYERS):
-        if any(name == p or name.startswith(p + ".") for p in prefixes):
+        if any(name == p or (p != FACE and name.startswith(p + ".")) for p in prefixes):
             return index
     raise AssertionError(f"{name} belongs to no layer of tests/test_house.py")
 
 
-def test_nothing_is_imported_upward():
+def test_stages_import_the_ground_floor_and_lower_stages_only():
     upward = []
     for name, targets in sorted(graph().items()):
         mine = layer(name)
-        for target in sorted(targets):
-            theirs = layer(target)
-            if mine is not None and theirs is not None and theirs > mine:
-                upward.append(f"{name} ({LAYERS[mine][0]}) imports {target} ({LAYERS[theirs][0]})")
-            if mine is None and theirs is not None:
-                upward.append(f"{name} (shared) imports {target} ({LAYERS[theirs][0]})")
+        upward += [f"{name} ({LAYERS[mine][0]}) imports {target} ({LAYERS[layer(target)][0]})"
+                   for target in sorted(targets) if layer(target) > mine]
     assert not upward, "\n".join(upward)
 
 

@@ -18,9 +18,9 @@ import shutil
 import subprocess
 from collections.abc import Callable
 
-from ..bundle.fingerprint import package_version, platform_tag
-from ..bundle.manifest import FlashInferModule, Member
 from ..exercise.flashinfer import member_path
+from ..format.fingerprint import package_version, platform_tag
+from ..format.manifest import FlashInferModule, Member
 from . import BuildCacheSpec, open_store
 from .entry import CorruptEntry, pack, unpack
 

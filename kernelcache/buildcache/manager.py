@@ -31,7 +31,7 @@ from functools import lru_cache
 
 from triton.runtime.cache import FileCacheManager
 
-from ..exercise.listener import LOG_ENV, append
+from ..format.compilelog import LOG_ENV, append
 from . import ENV, resolve
 from .entry import CorruptEntry, pack, unpack
 

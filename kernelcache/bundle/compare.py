@@ -23,10 +23,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__
 from ..errors import MergeConflict, UsageError
-from .archive import bundle_digest, extract, read_manifest, source_date_epoch, write
-from .manifest import AUTOTUNE_SUFFIX, Build, Environment, FlashInferModule, Kernel, Manifest, Module, Tuning
+from ..format.archive import bundle_digest, extract, read_manifest, source_date_epoch, write
+from ..format.manifest import AUTOTUNE_SUFFIX, Build, Environment, FlashInferModule, Kernel, Manifest, Module, Tuning
+from ..version import __version__
 
 # Environment fields that pick cache keys or kernel sources; torch is recorded but in no key.
 FINGERPRINT_FIELDS = ("python", "platform", "triton", "triton_key_sha256", "ptxas", "env_vars", "vllm", "flashinfer")

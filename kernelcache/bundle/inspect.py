@@ -7,8 +7,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from .archive import Limits, bundle_digest, read_manifest
-from .manifest import Manifest
+from ..format.archive import Limits, bundle_digest, read_manifest
+from ..format.manifest import Manifest
 from .signature import SignatureInfo, signature_info
 
 

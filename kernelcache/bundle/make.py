@@ -8,14 +8,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__
 from ..errors import UsageError
-from ..exercise.listener import ExerciseLog
-from ..harvest import Entry, Harvest, harvest, to_manifest_entries
-from .archive import bundle_digest, source_date_epoch, write
-from .fingerprint import local_environment
-from .identity import identity_here
-from .manifest import (
+from ..format.archive import bundle_digest, source_date_epoch, write
+from ..format.compilelog import ExerciseLog
+from ..format.fingerprint import local_environment
+from ..format.identity import identity_here
+from ..format.manifest import (
     Build,
     Environment,
     FileRecord,
@@ -26,6 +24,8 @@ from .manifest import (
     capability_to_arch,
     flag_capability,
 )
+from ..harvest import Entry, Harvest, harvest, to_manifest_entries
+from ..version import __version__
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def make_bundle(output: str | os.PathLike, entries: list[Entry], target: Target,
                 build: Build, flashinfer: tuple[tuple[FlashInferModule, list], ...] = (),
                 triton_identity: TritonIdentity | None = None) -> PackResult:
     """Hash every member, write the manifest and the bundle. ``flashinfer``: (module, members) pairs;
-    ``triton_identity``: the Triton that compiled the entries, by content (bundle/identity.py)."""
+    ``triton_identity``: the Triton that compiled the entries, by content (format/identity.py)."""
     readers, records = {}, {}
     for entry in entries:
         records[entry.key] = [_record(m.path, m.read(), readers, m) for m in entry.members]

@@ -45,7 +45,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import (
     KeyFileError,
@@ -55,9 +55,6 @@ from ..errors import (
     UntrustedSignature,
 )
 from .trust import NO_POLICY, SUFFIX, VALID, Policy, describe, fingerprint_der, pem_der, signature_path
-
-if TYPE_CHECKING:
-    from ..cachedir.state import Receipt
 
 KERNELCACHE_TYPE = "kernelcache bundle signature"
 COSIGN_TYPE = "cosign container image signature"
@@ -529,7 +526,13 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def signature_info(source: str | os.PathLike | Receipt, trusted: tuple[str, ...] = ()) -> SignatureInfo:
+class Recorded(Protocol):
+    """What an install recorded of a bundle's signature: a cachedir ``Receipt`` (cachedir/state.py, a floor above)."""
+
+    signature: SignatureInfo | None
+
+
+def signature_info(source: str | os.PathLike | Recorded, trusted: tuple[str, ...] = ()) -> SignatureInfo:
     """Who signed a bundle file (checked now, with the ``trusted`` key files if given) or an installed bundle (its
     cachedir ``Receipt``: what its install found; ``unrecorded`` for an install from before signatures)."""
     if isinstance(source, str | os.PathLike):
@@ -570,7 +573,7 @@ def sign(bundle: str | os.PathLike, key: str | os.PathLike | SigningKey) -> Sign
 
 
 def _verified_digest(path: Path) -> str:
-    from .archive import bundle_digest, iter_members, read_manifest
+    from ..format.archive import bundle_digest, iter_members, read_manifest
 
     seen = [manifest for manifest, _, _ in iter_members(path)][-1:]  # every member read and checked
     return bundle_digest(seen[0] if seen else read_manifest(path))

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import FingerprintMismatch, UsageError
-from .fingerprint import Difference, compare, compare_gpu, local_environment, package_version
-from .manifest import Build, Environment, FlashInferModule, Manifest, Target
+from ..format.fingerprint import Difference, compare, compare_gpu, local_environment, package_version
+from ..format.manifest import Build, Environment, FlashInferModule, Manifest, Target
 
 SCHEMA = "kernelcache-fingerprint/1"
 

@@ -8,9 +8,9 @@ real path>.json`` with what that decision rested on:
 * the bundle file's identity: device, inode, size, mtime_ns and ctime_ns (a rewrite, a copy or a rename
   over it changes at least the ctime, which cannot be set back);
 * the bundle's digest, and every file it installed;
-* the digest of the ``EnvironmentKey`` the fingerprint was checked under (bundle/envkey.py: the interpreter,
+* the digest of the ``EnvironmentKey`` the fingerprint was checked under (format/envkey.py: the interpreter,
   Triton's files, ptxas, the key variables, the packages' metadata, all by stat);
-* the GPU witness it was checked with (bundle/envscan.py ``gpu_witness``), or none when no GPU check ran;
+* the GPU witness it was checked with (format/envscan.py ``gpu_witness``), or none when no GPU check ran;
 * the warnings it gave (differences that do not block, such as another torch, or autotune choices it left out)
   and whether it installed the bundle's autotune choices: a no-op answered from the record says them again;
 * the signature file beside the bundle (``B.tar.zst.sig``) by the same identity as the bundle's (or that there was
@@ -37,9 +37,9 @@ import json
 import os
 from collections import namedtuple
 
-from .. import __version__
-from ..bundle.envscan import gpu_witness, key_digest, scan_key
 from ..bundle.trust import NO_POLICY, key_fingerprints, signature_path
+from ..format.envscan import gpu_witness, key_digest, scan_key
+from ..version import __version__
 from .layout import STATE_DIR, cache_root, keep_newest, unfinished
 
 TYPE_CHECKING = False

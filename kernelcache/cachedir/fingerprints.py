@@ -23,8 +23,8 @@ import os
 import sys
 from pathlib import Path
 
-from ..bundle.envkey import EnvironmentKey, KnownEnvironment
-from ..bundle.envscan import package_dir
+from ..format.envkey import EnvironmentKey, KnownEnvironment
+from ..format.envscan import package_dir
 from ..runtime.site import kernelcache_outputs, kernelcache_tritonkey
 from .publish import atomic_write
 from .state import CacheDir
@@ -64,7 +64,7 @@ def _prune(folder: Path) -> None:
 
 def save_triton_key(cache: CacheDir, key: EnvironmentKey, known: str | None = None) -> None:
     """Keep ``triton_key()`` for served processes: ``known``, the value a bundle's identity record gave for
-    this Triton (bundle/identity.py), or else the one this process computed under ``key``.
+    this Triton (format/identity.py), or else the one this process computed under ``key``.
 
     Only after a fingerprint was taken (Triton imported and its key cached in-process, or its files matched
     the record) and only for the Triton directory ``key`` stat-ed; the files' stats come from ``key``, taken

@@ -33,7 +33,7 @@ from .layout import FLASHINFER_SITE_DIR
 from .state import STATE_DIR, CacheDir
 
 if TYPE_CHECKING:  # `kernelcache env` imports this module on every pod start; the manifest only where read
-    from ..bundle.manifest import FlashInferModule
+    from ..format.manifest import FlashInferModule
 
 PROVIDER_GROUP = "flashinfer.jit_cache.providers"
 SITE_DIR = FLASHINFER_SITE_DIR  # under <cache>/.kernelcache/
@@ -65,7 +65,7 @@ def installed_modules(cache_dir: Path) -> list[FlashInferModule]:
 
     Read from the receipts' raw JSON (their kernels are never built into records); a receipt that cannot be read
     that way is read the full way, which leaves out bad receipts as every reader of them does."""
-    from ..bundle.manifest import flashinfer_module
+    from ..format.manifest import flashinfer_module
 
     cache = CacheDir(Path(cache_dir))
     entries, modules = cache.flashinfer_entries(), None
@@ -107,7 +107,7 @@ def providers(cache_dir: Path, version: str, modules: list[FlashInferModule] | N
 
 def _checked_dirs(root: Path, module: FlashInferModule) -> list[Path]:
     """The provider dirs of a module's files, after checking layout, presence and sha256."""
-    from ..bundle.manifest import FLASHINFER_ROOT
+    from ..format.manifest import FLASHINFER_ROOT
 
     dirs = []
     for record in module.files:
@@ -193,7 +193,7 @@ def ensure_site(cache_dir: Path, found: list[Provider]) -> Path:
 
 def write_site(cache_dir: Path) -> Path | None:
     """At install time: the site dir for what the cache now holds, if this FlashInfer can use any of it."""
-    from ..bundle.envscan import distribution_version  # as `env` finds it (runtime/flashinfer.py): no import of
+    from ..format.envscan import distribution_version  # as `env` finds it (runtime/flashinfer.py): no import of
     # importlib.metadata (~15 ms)
 
     version = distribution_version("flashinfer-python")

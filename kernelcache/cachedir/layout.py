@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 STATE_DIR = ".kernelcache"
 FLASHINFER_SITE_DIR = "flashinfer"  # under STATE_DIR: FlashInfer's provider registration (flashinfer_site.py)
-# Under the cache dir: installed FlashInfer modules (bundle/manifest.py's FLASHINFER_ROOT, the members' top dir;
+# Under the cache dir: installed FlashInfer modules (format/manifest.py's FLASHINFER_ROOT, the members' top dir;
 # the manifest sits below cachedir and cannot import this).
 FLASHINFER_MODULES_DIR = "flashinfer"
 

@@ -255,8 +255,8 @@ def _move_out(cache: CacheDir, removal: Removal) -> tuple[str, ...]:
 
 def _removable(rel: str) -> bool:
     """An entry name an install could have published: a plain relative path inside the cache, outside its state."""
-    from ..bundle.archive import check_member_name  # only a removal pays for the archive module's imports
     from ..errors import UnsafeMemberError
+    from ..format.archive import check_member_name  # only a removal pays for the archive module's imports
 
     try:
         check_member_name(rel)

@@ -17,8 +17,8 @@ from ..errors import BundleManifestError, StorageError, UsageError
 from .layout import STATE_DIR, cache_root, default_cache_root
 
 if TYPE_CHECKING:  # parsed only where a receipt is read: `env` on every pod start needs no manifest classes
-    from ..bundle.manifest import Manifest
     from ..bundle.signature import SignatureInfo
+    from ..format.manifest import Manifest
 
 _STATE_SUBDIRS = ("staging", "installed", "journal")
 REMOVAL_SUFFIX = ".rm.json"  # journal/<digest>.rm.json: a removal's journal (journal/<digest>.json: an install's)
@@ -137,7 +137,7 @@ class Receipt:
         if not isinstance(data, dict) or not isinstance(data.get("digest"), str) \
                 or not isinstance(data.get("manifest"), dict):
             raise ValueError("not a receipt: needs a digest and a manifest")
-        from ..bundle.manifest import Manifest
+        from ..format.manifest import Manifest
 
         try:
             manifest = Manifest.from_dict(data["manifest"])

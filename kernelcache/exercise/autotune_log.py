@@ -23,7 +23,7 @@ def install(path: str | None = None, also: Callable[[dict], None] | None = None)
     """Record to ``path`` (default: $KERNELCACHE_COMPILE_LOG) and hand each record to ``also``. Once per process."""
     from triton.runtime import autotuner
 
-    from .listener import LOG_ENV, append
+    from ..format.compilelog import LOG_ENV, append
 
     tuner = autotuner.Autotuner
     if getattr(tuner._bench, "kernelcache_logged", False):

@@ -176,7 +176,7 @@ def _sha256(path: str) -> str:
 
 
 def _log(record: dict) -> None:
-    from .listener import append
+    from ..format.compilelog import append
 
     if _log_path:
         append(_log_path[0], {"event": EVENT, "task": os.environ.get("KERNELCACHE_TASK"), "device": _device_name(),

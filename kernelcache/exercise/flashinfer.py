@@ -12,7 +12,7 @@ vLLM's default CUDA sampler (``flashinfer_sample``) runs FlashInfer's ``sampling
   its JIT dir (``<base>/.cache/flashinfer/<version>/<archs>/cached_ops``).
 
 Both check the result (an ELF whose fatbin holds exactly the expected SASS, via cuobjdump) and
-return a ``FlashInferModule`` (``files=()``; ``make_bundle`` hashes) plus one ``bundle.manifest.Member``:
+return a ``FlashInferModule`` (``files=()``; ``make_bundle`` hashes) plus one ``format.manifest.Member``:
 ``flashinfer/<version>-<archs>-<sha12>/sampling/sampling.so``. The directory above the module is
 what runtime/flashinfer.py registers as a FlashInfer jit-cache provider; the sha in its name
 keeps two different builds from ever sharing a path in one cache dir.
@@ -33,9 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bundle.fingerprint import package_version
-from ..bundle.manifest import FLASHINFER_ROOT, FlashInferModule, Member, arch_to_capability
 from ..errors import BuildFailed, MissingDependency, ToolchainUnavailable, UsageError
+from ..format.fingerprint import package_version
+from ..format.manifest import FLASHINFER_ROOT, FlashInferModule, Member, arch_to_capability
 
 MODULE = "sampling"
 # The CUDA 13.0 wheels that build sampling: nvcc with its crt and nvvm parts, the runtime, curand's

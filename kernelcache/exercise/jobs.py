@@ -19,13 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bundle.manifest import Environment
 from ..errors import BuildFailed
+from ..format.compilelog import ExerciseLog
+from ..format.manifest import Environment
 from ..plan.recipe import BuildPlan
 from ..plan.targets import BuildTarget
 from ..plan.tasks import SAMPLER, Task, plan_units
 from .device_tables import candidates_env
-from .listener import ExerciseLog
 from .worker import Job
 
 
@@ -47,7 +47,7 @@ class WorkerResult:
     launchers_initialised: int = 0
     seconds: float = 0.0
     environment: Environment | None = None  # the fingerprint it compiled under (None: Triton unusable)
-    triton_identity: dict | None = None  # its Triton by content (bundle/identity.py), None if it has none
+    triton_identity: dict | None = None  # its Triton by content (format/identity.py), None if it has none
 
     @classmethod
     def read(cls, path: Path) -> WorkerResult:

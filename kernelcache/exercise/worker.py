@@ -127,7 +127,7 @@ def _environment(capability: int) -> dict | None:
     """The fingerprint as this process saw it while compiling (None if Triton is unusable)."""
     from dataclasses import asdict
 
-    from ..bundle.fingerprint import local_environment
+    from ..format.fingerprint import local_environment
 
     try:
         return asdict(local_environment([f"sm_{capability}"]))
@@ -136,10 +136,10 @@ def _environment(capability: int) -> dict | None:
 
 
 def _identity(capability: int) -> dict | None:
-    """This process's Triton by content (bundle/identity.py), for installs to fingerprint without Triton."""
+    """This process's Triton by content (format/identity.py), for installs to fingerprint without Triton."""
     from dataclasses import asdict
 
-    from ..bundle.identity import identity_here
+    from ..format.identity import identity_here
 
     found = identity_here([f"sm_{capability}"])
     return asdict(found) if found else None

@@ -26,7 +26,7 @@ class GpuProfile:
 
     @property
     def capability(self) -> int:
-        from ..bundle.manifest import arch_to_capability
+        from ..format.manifest import arch_to_capability
 
         return arch_to_capability(self.arch)
 

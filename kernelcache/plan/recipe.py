@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..bundle.manifest import arch_to_capability, capability_to_arch
 from ..errors import RecipeError, UsageError
+from ..format.manifest import arch_to_capability, capability_to_arch
 from .gpus import PROFILES, GpuProfile
 from .model import GDN_ARCHITECTURES, MAMBA_CONFIG_NAMES, RECIPE_KEYS, ModelSpec, load_config
 from .model import parse as parse_model

@@ -15,9 +15,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bundle.fingerprint import package_version
-from ..bundle.manifest import DEVICE_NAME_PATHS, arch_to_capability
 from ..errors import PathUnavailable, UsageError
+from ..format.fingerprint import package_version
+from ..format.manifest import DEVICE_NAME_PATHS, arch_to_capability
 from .gpus import PROFILES, GpuProfile, VisibleGpu, profile_for
 from .recipe import BuildPlan
 

@@ -21,9 +21,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..bundle.archive import read_manifest
-from ..bundle.manifest import Manifest, Target, arch_to_capability
 from ..errors import ArchMismatch, StorageError, UsageError
+from ..format.archive import read_manifest
+from ..format.manifest import Manifest, Target, arch_to_capability
 
 if TYPE_CHECKING:  # a plain path (every install) never loads the transports
     from .transfer import Landed

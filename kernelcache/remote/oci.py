@@ -41,10 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bundle import archive
 from ..bundle.compare import fingerprint
-from ..bundle.fingerprint import platform_tag
-from ..bundle.manifest import Manifest
 from ..bundle.signature import (
     CONFIG_MEDIA_TYPE,
     LAYER_MEDIA_TYPE,
@@ -62,6 +59,9 @@ from ..bundle.signature import (
 )
 from ..bundle.trust import Policy
 from ..errors import MissingDependency, RemoteError, UsageError
+from ..format import archive
+from ..format.fingerprint import platform_tag
+from ..format.manifest import Manifest
 from .select import Candidate, choose
 from .transfer import Expected, Landed, land, safe_name, verify
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..bundle.manifest import arch_to_capability
 from ..errors import ArchMismatch, UsageError
+from ..format.manifest import arch_to_capability
 from ..plan.gpus import VisibleGpu, profile, profile_for
 
 

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bundle import archive
-from ..bundle.manifest import Manifest
 from ..errors import BundleError, IntegrityError, RemoteError, StorageError
+from ..format import archive
+from ..format.manifest import Manifest
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]{0,199}")
 

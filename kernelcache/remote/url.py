@@ -16,10 +16,10 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..bundle.manifest import Manifest
 from ..bundle.signature import MAX_FILE_BYTES, keep_beside
 from ..bundle.trust import SUFFIX
 from ..errors import KernelcacheError, MissingDependency, RemoteError, UsageError
+from ..format.manifest import Manifest
 from .transfer import Expected, Landed, land, safe_name
 
 CHUNK = 1 << 20

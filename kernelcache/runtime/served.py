@@ -37,8 +37,8 @@ import json
 import os
 import sys
 
-from .. import __version__
 from ..cachedir.layout import FLASHINFER_MODULES_DIR, STATE_DIR, cache_root, keep_newest, kept_records, unfinished
+from ..version import __version__
 from .workspace import workspace_base
 
 FORMAT = 1
