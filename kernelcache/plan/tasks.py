@@ -19,6 +19,8 @@ ATTENTION = "kernelcache.exercise.vllm_attention"
 MAMBA = "kernelcache.exercise.vllm_mamba"
 MRV2_SPEC_DECODE = "kernelcache.exercise.vllm_mrv2_spec_decode"
 GDN = "kernelcache.exercise.vllm_gdn"
+# The exercise module of each path vLLM configures by device name (format/manifest.py DEVICE_NAME_PATHS).
+DEVICE_NAME_MODULES = {"moe": MOE, "mamba": MAMBA}
 
 
 @dataclass(frozen=True)
