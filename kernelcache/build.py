@@ -158,10 +158,19 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
 
 def _each_target(targets: list[BuildTarget], one: Callable[..., TargetResult], jobs: int,
                  records) -> list[TargetResult]:
-    """Build each target; several at once, sharing ``jobs`` exercise processes, so that a unit one product's
-    target runs is copied by the others (buildcache/exercises.py) while their own units run beside it."""
-    if len(targets) == 1:
-        return [one(targets[0])]
+    """Build each target. Targets that differ only by product (plan/targets.py) run at once on the shared ``jobs``
+    exercise processes: a unit they share runs once and is copied by the others (buildcache/exercises.py) while
+    their own units run beside it. Targets of other SM counts run one after the other, so that the later ones take
+    the kernels they share from the build cache."""
+    results = []
+    for sm_count in sorted({t.sm_count for t in targets}):
+        group = [t for t in targets if t.sm_count == sm_count]
+        results += [one(group[0])] if len(group) == 1 else _at_once(group, one, jobs, records)
+    return sorted(results, key=lambda r: targets.index(r.target))
+
+
+def _at_once(targets: list[BuildTarget], one: Callable[..., TargetResult], jobs: int,
+             records) -> list[TargetResult]:
     slots = threading.BoundedSemaphore(max(1, jobs))
     with ThreadPoolExecutor(max_workers=len(targets)) as pool:
         futures = [pool.submit(one, target, slots) for target in targets]

@@ -131,14 +131,14 @@ class BuildCacheCounts:
     """What one build target's exercise processes did with the build cache (their ``build_cache`` log events)."""
 
     location: str | None = None  # None: the target was built without a build cache
-    reused: int = 0  # kernels taken from the build cache instead of compiled
+    reused: int = 0  # kernels taken from the build cache (or another target of this build) instead of compiled
     reused_modules: int = 0  # gcc-built helper modules (launchers, cuda_utils) taken from it
     published: int = 0  # entries this target compiled and wrote to it
     corrupt: int = 0  # entries found that failed their check: compiled again and written anew
     foreign: int = 0  # entries whose files embed paths of another install: compiled here, not reused
     errors: tuple[str, ...] = field(default_factory=tuple)  # store failures (the build went on without it)
     flashinfer: str | None = None  # FlashInfer's module: "reused", "published", "corrupt" (built again); None: none
-    units: RecordCounts | None = None  # exercise records (buildcache/exercises.py); None: the target kept none
+    units: RecordCounts | None = None  # exercise records (buildcache/exercises.py); None: the build kept none
 
     @classmethod
     def of(cls, location: str | None, events: tuple[dict, ...], flashinfer: str | None = None,
@@ -150,13 +150,13 @@ class BuildCacheCounts:
         errors = {str(e.get("detail")) for e in events if e.get("outcome") == "error"}
         if flashinfer and flashinfer.startswith("error: "):
             errors.add(f"FlashInfer's module: {flashinfer.removeprefix('error: ')}")
-        units = units or RecordCounts()
-        errors.update(f"exercise records: {e}" for e in units.errors)
-        return cls(location, counts[("hit", "kernel")] + units.kernels, counts[("hit", "module")] + units.modules,
+        restored = units or RecordCounts()
+        errors.update(f"exercise records: {e}" for e in restored.errors)
+        return cls(location, counts[("hit", "kernel")] + restored.kernels, counts[("hit", "module")] + restored.modules,
                    sum(n for (outcome, _), n in counts.items() if outcome == "published"),
                    sum(n for (outcome, _), n in counts.items() if outcome == "corrupt"),
                    sum(n for (outcome, _), n in counts.items() if outcome == "foreign"), tuple(sorted(errors)),
-                   flashinfer.split(":")[0] if flashinfer else None, units if location else None)
+                   flashinfer.split(":")[0] if flashinfer else None, units)
 
     def to_dict(self) -> dict:
         return {"location": self.location, "reused": self.reused, "reused_modules": self.reused_modules,

@@ -115,7 +115,32 @@ def unit_inputs(job: Job) -> dict:
     setup = [_task(t, drop=() if bound else ("product",)) for t in job.setup]
     return {"capability": job.capability, "sm_count": job.sm_count, "mode": job.mode, "prebuild": job.prebuild,
             "served": job.served, "tune": job.tune, "tasks": [_task(t) for t in job.tasks], "setup": setup,
-            "env": env, "cc": compiler(job.env.get("KERNELCACHE_REAL_CC"))}
+            "env": env, "cc": compiler(job.env.get("KERNELCACHE_REAL_CC")), "modules": task_modules(job)}
+
+
+def task_modules(job: Job) -> dict[str, list[str] | None]:
+    """Each task module by its file and that file's sha256 (None: not found): a task module outside the packages
+    of ``SOURCES`` (an extra task of the user's) counts by its own file."""
+    found = {}
+    for task in (*job.setup, *job.tasks):
+        name = task.call.split(":")[0]
+        if name not in found:
+            origin = _origin(name)
+            found[name] = [origin, _file_digest(origin)] if origin else None
+    return found
+
+
+def _origin(module: str) -> str | None:
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return os.path.realpath(spec.origin) if spec and spec.origin and os.path.isfile(spec.origin) else None
+
+
+def _file_digest(path: str) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
 
 
 def _task(task, drop: tuple[str, ...] = ()) -> dict:
@@ -213,10 +238,10 @@ def take(store, key: str) -> dict[str, bytes] | None:
     return None
 
 
-def restore(store, files: dict[str, bytes], job_dir: Path, cache_dir: Path) -> UnitUse | None:
+def restore(store, files: dict[str, bytes], job_dir: Path, cache_dir: Path, roots: list[str]) -> UnitUse | None:
     """Write a record's log and result into ``job_dir`` and its keys' entries into ``cache_dir``, and say which
-    entries were written; None (nothing written) when an entry is missing, corrupt, or embeds another install's
-    paths."""
+    entries were written; None (nothing written) when an entry is missing, corrupt, or embeds a path outside
+    ``roots`` (another install's)."""
     try:
         use = UnitUse.from_json(files[KEYS])
     except (CorruptEntry, ValueError, KeyError, TypeError):
@@ -227,7 +252,7 @@ def restore(store, files: dict[str, bytes], job_dir: Path, cache_dir: Path) -> U
             if not KEY_PATTERN.fullmatch(key):
                 return None
             if not (cache_dir / key).is_dir():
-                found = _entry(store, key, kind)
+                found = _entry(store, key, kind, roots)
                 if found is None:
                     return None
                 entries[key] = found
@@ -239,8 +264,7 @@ def restore(store, files: dict[str, bytes], job_dir: Path, cache_dir: Path) -> U
     return UnitUse(tuple(k for k in use.kernels if k in entries), tuple(k for k in use.modules if k in entries))
 
 
-def _entry(store, key: str, kind: str):
-    roots = install_roots()
+def _entry(store, key: str, kind: str, roots: list[str]):
     for blob in store.get(key):
         try:
             entry, files = unpack(blob, key)
@@ -331,7 +355,8 @@ class UnitRecords:
             return False
         try:
             files = take(self.store, key)
-            written = restore(self.store, files, job_dir, Path(job.cache_dir)) if files is not None else None
+            roots = install_roots() + [os.path.dirname(m[0]) for m in task_modules(job).values() if m]
+            written = restore(self.store, files, job_dir, Path(job.cache_dir), roots) if files is not None else None
         except Exception as exc:  # noqa: BLE001 -- the store failed: run the unit instead, and say so
             self._errors.append(f"reading: {type(exc).__name__}: {exc}")
             written = None
