@@ -11,8 +11,10 @@
    environment fingerprint; with ``sign``, bundle/signature.py signs each (``B.tar.zst.sig`` beside it).
 
 With a build cache (buildcache/__init__.py; on by default) the exercise processes take every key an earlier
-build compiled from it and publish what they compile to it; the bundles are the same bytes either way, and
-each ``TargetResult`` counts what was reused.
+build compiled from it and publish what they compile to it, and a cross build restores a unit's exercise record
+instead of running its process (buildcache/exercises.py). Targets that differ only by product run at once, a
+unit they share running once. The bundles are the same bytes either way, and each ``TargetResult`` counts what
+was reused.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The key (``unit_key``) is the digest of what decides those outputs:
 
 * the unit as the exercise process gets it: its tasks and their arguments, the target's capability, SM count and
   mode, the setup task, the exercise variables (paths of the build's scratch dir left out; the C compiler by its
-  path and ``--version``);
+  path and ``--version``), each task module by its file and sha256;
 * the GPU product only for a unit with a path vLLM configures by device name (``DEVICE_NAME_PATHS``): a unit
   without one is shared by every product of the arch and SM count. A build whose other unit reads a device
   table fails (build.py ``device_keys_of``), and a record whose log holds a device-table lookup is never kept;
@@ -22,10 +22,12 @@ The key (``unit_key``) is the digest of what decides those outputs:
   version and platform, where those packages are installed (a kernel's line info names its source file), and
   the ``VLLM_*``, ``TRITON_*``, ``TORCH*``, ``CUDA*``, ``FLASHINFER_*`` and ``KERNELCACHE_*`` variables.
 
-Only cross builds keep and take records: a native exercise runs on the GPU that is there, which no key could
-name. A record is kept only when the target's units account for every directory of its ``TRITON_CACHE_DIR``;
-restoring one checks each entry as the exercise process would (sha256, this install's paths) and falls back to
-running the unit when any is missing or bad.
+Within one build, a unit whose key several targets share (the products of one SM count) runs once and the
+others copy what it left (``UnitRecords.reuse``), with or without a build cache. Only cross builds keep and take
+records: a native exercise runs on the GPU that is there, which no key could name. A record is kept only when
+the target's units account for every directory of its ``TRITON_CACHE_DIR``; restoring one checks each entry as
+the exercise process would (sha256, this install's paths) and falls back to running the unit when any is missing
+or bad.
 """
 
 from __future__ import annotations
