@@ -40,7 +40,7 @@ from collections import namedtuple
 from ..bundle.trust import NO_POLICY, key_fingerprints, signature_path
 from ..format.envscan import gpu_witness, key_digest, scan_key
 from ..version import __version__
-from .layout import STATE_DIR, cache_root, keep_newest, unfinished
+from .layout import STATE_DIR, keep_newest, unfinished
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -96,13 +96,15 @@ def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[
         keep_newest(str(path.parent), KEEP)
 
 
-def find_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None,
-                 check_gpu: bool = True, policy=NO_POLICY) -> Checked | None:
-    """The no-op answer when ``bundle`` is installed in ``cache_dir`` and was accepted under the state and the
-    signature ``policy`` (bundle/trust.py) that hold now; None whenever the full install path must decide."""
+def find_checked(bundle: str | os.PathLike, root: str | os.PathLike, check_gpu: bool = True,
+                 policy=NO_POLICY) -> Checked | None:
+    """The no-op answer when ``bundle`` is installed in the cache dir ``root`` (as resolved once: ``cache_root``,
+    ``CacheDir.root``) and was accepted under the state and the signature ``policy`` (bundle/trust.py) that hold
+    now; None whenever the full install path must decide. The installer asks it (install.py ``install``, and the
+    pod-start front doors that would otherwise load the installer: entry.py, runtime/env.py), once a command."""
     if "://" in os.fspath(bundle):
         return None
-    root = cache_root(cache_dir)
+    root = os.fspath(root)
     try:
         with open(_record_path(root, os.fspath(bundle)), "rb") as handle:
             record = json.loads(handle.read())

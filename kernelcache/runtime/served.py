@@ -37,7 +37,7 @@ import json
 import os
 import sys
 
-from ..cachedir.layout import FLASHINFER_MODULES_DIR, STATE_DIR, cache_root, keep_newest, kept_records, unfinished
+from ..cachedir.layout import FLASHINFER_MODULES_DIR, STATE_DIR, keep_newest, kept_records, unfinished
 from ..version import __version__
 from .workspace import workspace_base
 
@@ -82,15 +82,16 @@ def _usable(root: str) -> bool:
 
 def snapshot(root: str | os.PathLike) -> dict:
     """The stamps of what the variables are computed from, and the workspace choice, taken before computing them:
-    ``remember_served`` keeps a record only if they still hold afterwards (nothing changed meanwhile)."""
-    root = cache_root(root)
+    ``remember_served`` keeps a record only if they still hold afterwards (nothing changed meanwhile). ``root``: the
+    cache dir as resolved once (``cachedir.layout.cache_root``, ``CacheDir.root``), as in every function here."""
+    root = os.fspath(root)
     return {"stamps": [[p, _stamp(p)] for p in _state_paths(root)], "workspace": workspace_base(root, dict(os.environ))}
 
 
 def remember_served(root: str | os.PathLike, variables: dict[str, str], before: dict) -> None:
     """Keep ``variables``, computed for the cache dir ``root`` from this process's environment after ``before``
     (``snapshot``) was taken. A cache dir that cannot take the record only loses the speed-up."""
-    root = cache_root(root)
+    root = os.fspath(root)
     if not _usable(root) or snapshot(root) != before:  # not writable, or something changed while they were computed
         _say("served variables", "not kept for the next start", f"{root} is not writable, an install there is "
              "unfinished, or something changed while they were computed")
@@ -115,11 +116,10 @@ def remember_served(root: str | os.PathLike, variables: dict[str, str], before: 
     _say("served variables", "kept for the next start", str(path))
 
 
-def find_served(cache_dir: str | os.PathLike | None) -> dict[str, str] | None:
-    """The variables ``env`` computed for this cache dir and this process's inputs, when everything they rested
-    on holds now; None whenever they must be computed again. Under KERNELCACHE_DEBUG it says which, and why."""
-    root = cache_root(cache_dir)
-    variables, why = _check(root)
+def find_served(root: str | os.PathLike) -> dict[str, str] | None:
+    """The variables ``env`` computed for the cache dir ``root`` and this process's inputs, when everything they
+    rested on holds now; None whenever they must be computed again. Under KERNELCACHE_DEBUG it says which, and why."""
+    variables, why = _check(os.fspath(root))
     _say("kept served variables", "used" if variables is not None else "refused, computed again", why)
     return variables
 
@@ -180,7 +180,7 @@ def _stamps_hold(stamps: object) -> bool:
 def last_served(root: str | os.PathLike) -> float | None:
     """When ``env``, ``run`` or ``activate()`` last served the cache dir ``root`` (where it was writable): the
     newest record's mtime. None when none is kept."""
-    found = kept_records(cache_root(root), "served")
+    found = kept_records(os.fspath(root), "served")
     return found[0][1] if found else None
 
 
