@@ -105,12 +105,12 @@ def test_stages_import_the_ground_floor_and_lower_stages_only():
 
 
 @pytest.mark.parametrize("module", ["kernelcache_tritonkey", "kernelcache_outputs", "kernelcache_prebuilt",
-                                    "kernelcache_autotune", "kernelcache_walks"])
+                                    "kernelcache_autotune", "kernelcache_walks", "kernelcache_records"])
 def test_the_shared_site_modules_need_only_the_standard_library(module):
     """They run in every served process, from the site dir alone: the standard library and each other."""
     site = ROOT / "kernelcache" / "runtime" / "site"
     siblings = {"kernelcache_tritonkey", "kernelcache_outputs", "kernelcache_prebuilt", "kernelcache_autotune",
-                "kernelcache_walks"}
+                "kernelcache_walks", "kernelcache_records"}
     found = set()
     for node in ast.walk(ast.parse((site / f"{module}.py").read_text())):
         if isinstance(node, ast.Import):

@@ -39,6 +39,7 @@ from collections import namedtuple
 
 from ..bundle.trust import NO_POLICY, key_fingerprints, signature_path
 from ..format.envscan import gpu_witness, key_digest, scan_key
+from ..runtime.site.kernelcache_records import SAME_FILE, stamp
 from ..version import __version__
 from .layout import STATE_DIR, keep_newest, unfinished
 
@@ -52,13 +53,8 @@ KEEP = 16
 
 def bundle_identity(path: str | os.PathLike) -> list[int] | None:
     """(device, inode, size, mtime_ns, ctime_ns) of a regular file; None for anything else."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    if not os.path.isfile(path):
-        return None
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    found = stamp(path, SAME_FILE)
+    return found if found is not None and os.path.isfile(path) else None
 
 
 def _record_path(root: str, bundle: str) -> str:

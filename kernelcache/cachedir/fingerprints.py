@@ -26,6 +26,7 @@ from pathlib import Path
 from ..format.envkey import EnvironmentKey, KnownEnvironment
 from ..format.envscan import package_dir
 from ..runtime.site import kernelcache_outputs, kernelcache_tritonkey
+from .layout import keep_newest
 from .publish import atomic_write
 from .state import CacheDir
 
@@ -53,13 +54,7 @@ def save_fingerprint(cache: CacheDir, known: KnownEnvironment) -> None:
     with contextlib.suppress(OSError):
         folder.mkdir(exist_ok=True)
         atomic_write(folder / f"{known.key.digest}.json", known.to_json().encode())
-        _prune(folder)
-
-
-def _prune(folder: Path) -> None:
-    records = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-    for stale in records[KEEP:]:
-        stale.unlink(missing_ok=True)
+        keep_newest(os.fspath(folder), KEEP)
 
 
 def save_triton_key(cache: CacheDir, key: EnvironmentKey, known: str | None = None) -> None:

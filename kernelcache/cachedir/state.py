@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BundleManifestError, StorageError, UsageError
+from ..runtime.site.kernelcache_records import append_line
 from .layout import STATE_DIR, cache_root, default_cache_root
 
 if TYPE_CHECKING:  # parsed only where a receipt is read: `env` on every pod start needs no manifest classes
@@ -296,5 +297,4 @@ class CacheDir:
         return sorted((self.state / "journal").glob("*.json"))
 
     def log(self, record: dict) -> None:
-        with open(self.state / "log.jsonl", "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        append_line(self.state / "log.jsonl", record)

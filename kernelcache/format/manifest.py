@@ -303,20 +303,29 @@ class Manifest:
 _ARCH = re.compile(r"(?:sm_?)?([1-9][0-9]{1,2})[af]?")
 
 
-def arch_to_capability(arch: str) -> int:
-    """"sm_90" / "sm_90a" / "sm_100f" / "90" -> 90."""
+def capability_of(arch: str) -> int | None:
+    """"sm_90" / "sm_90a" / "sm_100f" / "90" -> 90; None for what is not a CUDA arch (the one arch parser)."""
     found = _ARCH.fullmatch(arch.strip().lower())
-    if not found:
+    return int(found.group(1)) if found else None
+
+
+def arch_to_capability(arch: str) -> int:
+    """``capability_of``, with a ``ValueError`` for what is not a CUDA arch."""
+    capability = capability_of(arch)
+    if capability is None:
         raise ValueError(f"not a CUDA arch: {arch!r} (expected e.g. sm_90 or sm_100)")
-    return int(found.group(1))
+    return capability
 
 
-def flag_capability(arch: str) -> int:
-    """An ``--arch`` value's capability, or a one-line ``UsageError`` naming the flag."""
+def flag_capability(arch: str, flag: str | None = "--arch") -> int:
+    """An arch a user gave: its capability, or a one-line ``UsageError`` naming ``flag`` (None: naming the arch
+    alone, as ``arch_to_capability`` does)."""
     try:
         return arch_to_capability(arch)
-    except ValueError:
-        raise UsageError(f"--arch must look like sm_90 or sm_100, got {arch!r}") from None
+    except ValueError as exc:
+        if flag is None:
+            raise UsageError(str(exc)) from None
+        raise UsageError(f"{flag} must look like sm_90 or sm_100, got {arch!r}") from None
 
 
 def capability_to_arch(capability: int) -> str:

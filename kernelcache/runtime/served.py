@@ -39,6 +39,7 @@ import sys
 
 from ..cachedir.layout import FLASHINFER_MODULES_DIR, STATE_DIR, keep_newest, kept_records, unfinished
 from ..version import __version__
+from .site.kernelcache_records import SAME_INODE, stamp
 from .workspace import workspace_base
 
 FORMAT = 1
@@ -54,14 +55,6 @@ def _inputs(root: str) -> dict:
 def _record_path(root: str, inputs: dict) -> str:
     name = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
     return os.path.join(root, STATE_DIR, "served", f"{name}.json")
-
-
-def _stamp(path: str) -> list[int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _state_paths(root: str) -> list[str]:
@@ -85,7 +78,8 @@ def snapshot(root: str | os.PathLike) -> dict:
     ``remember_served`` keeps a record only if they still hold afterwards (nothing changed meanwhile). ``root``: the
     cache dir as resolved once (``cachedir.layout.cache_root``, ``CacheDir.root``), as in every function here."""
     root = os.fspath(root)
-    return {"stamps": [[p, _stamp(p)] for p in _state_paths(root)], "workspace": workspace_base(root, dict(os.environ))}
+    return {"stamps": [[p, stamp(p, SAME_INODE)] for p in _state_paths(root)],
+            "workspace": workspace_base(root, dict(os.environ))}
 
 
 def remember_served(root: str | os.PathLike, variables: dict[str, str], before: dict) -> None:
@@ -99,7 +93,7 @@ def remember_served(root: str | os.PathLike, variables: dict[str, str], before: 
     inputs = _inputs(root)
     known = {p for p, _ in before["stamps"]}
     added = [p for p in dict.fromkeys(variables.get("PYTHONPATH", "").split(os.pathsep)) if p and p not in known]
-    record = {"inputs": inputs, "stamps": before["stamps"] + [[p, _stamp(p)] for p in added],
+    record = {"inputs": inputs, "stamps": before["stamps"] + [[p, stamp(p, SAME_INODE)] for p in added],
               "workspace": before["workspace"], "variables": variables}
     from pathlib import Path
 
@@ -138,11 +132,11 @@ def _check(root: str) -> tuple[dict[str, str] | None, str]:
     if not isinstance(variables, dict) or not isinstance(stamps, list) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in variables.items()):
         return None, f"{path} is malformed"
-    for stamp in stamps:
-        if not (isinstance(stamp, list) and len(stamp) == 2 and isinstance(stamp[0], str)):
+    for kept in stamps:
+        if not (isinstance(kept, list) and len(kept) == 2 and isinstance(kept[0], str)):
             return None, f"{path} is malformed"
-        if _stamp(stamp[0]) != stamp[1]:
-            return None, f"{stamp[0]} changed since the record"
+        if stamp(kept[0], SAME_INODE) != kept[1]:
+            return None, f"{kept[0]} changed since the record"
     if record.get("workspace") != workspace_base(root, dict(os.environ)):
         return None, "FlashInfer's workspace choice changed"
     try:  # noqa: SIM105 -- contextlib is one more import on every pod start
@@ -171,7 +165,8 @@ def _read(path: str) -> dict | None:
 
 def _stamps_hold(stamps: object) -> bool:
     return isinstance(stamps, list) and all(
-        isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and _stamp(s[0]) == s[1] for s in stamps)
+        isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and stamp(s[0], SAME_INODE) == s[1]
+        for s in stamps)
 
 
 # -- for cache management (kernelcache ls / prune) --------------------------------------------------

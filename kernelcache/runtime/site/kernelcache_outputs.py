@@ -49,11 +49,9 @@ def triton_commands(ptxas: list[str]) -> list[list[str]]:
 def _stats(paths: tuple[str, ...]) -> dict[str, list[int]] | None:
     found = {}
     for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:
+        found[path] = _base().stamp(path)
+        if found[path] is None:
             return None
-        found[path] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
     return found
 
 

@@ -40,6 +40,11 @@ import uuid
 from triton import knobs
 from triton.runtime.cache import CacheManager, FileCacheManager
 
+try:
+    from . import kernelcache_records  # imported as kernelcache.runtime.site.kernelcache_overlay
+except ImportError:
+    import kernelcache_records  # imported from the served site dir (TRITON_CACHE_MANAGER)
+
 BASE_ENV = "KERNELCACHE_BASE_DIR"
 LOG_ENV = "KERNELCACHE_MISS_LOG"
 _lock = threading.Lock()
@@ -130,13 +135,8 @@ def log(record: dict) -> None:
         return
     record = {"event": "miss", **record, "time": time.time(), "pid": os.getpid(),
               "base": os.environ.get(BASE_ENV), "overlay": knobs.cache.dir}
-    line = (json.dumps(record, default=str) + "\n").encode()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    kernelcache_records.append_line(path, record)
 
 
 def on_compile(*, src, metadata, metadata_group, times, cache_hit) -> None:

@@ -29,6 +29,13 @@ import importlib.util
 import os
 import sys
 
+try:
+    from . import kernelcache_records  # imported as kernelcache.runtime.site.kernelcache_tritonkey
+except ImportError:
+    import kernelcache_records  # imported from the served site dir
+
+stamp = kernelcache_records.stamp  # the sibling modules take it from here (their base), with the rest
+
 # hashlib, json, sysconfig and tempfile are imported where used: sitecustomize imports this module in
 # every process of a served pod, and only those that call triton_key() need them.
 
@@ -62,14 +69,8 @@ def triton_files(root: str) -> dict[str, list[int]]:
     lib = os.path.join(root, "_C")
     with contextlib.suppress(OSError):
         paths += sorted(os.path.join(lib, f) for f in os.listdir(lib) if ".so" in f or f.endswith(".pyd"))
-    found = {}
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        found[os.path.relpath(path, root)] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-    return found
+    stamps = {os.path.relpath(path, root): stamp(path) for path in paths}
+    return {rel: found for rel, found in stamps.items() if found is not None}
 
 
 def record_path(folder: str, root: str) -> str:
