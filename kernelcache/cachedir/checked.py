@@ -39,7 +39,7 @@ from collections import namedtuple
 
 from ..bundle.trust import NO_POLICY, key_fingerprints, signature_path
 from ..format.envscan import gpu_witness, key_digest, scan_key
-from ..runtime.site.kernelcache_records import SAME_FILE, stamp
+from ..hooks.kernelcache_records import SAME_FILE, stamp
 from ..version import __version__
 from .layout import STATE_DIR, keep_newest, unfinished
 

@@ -11,9 +11,9 @@ A record that cannot be read is ignored; the newest ``KEEP`` are kept.
 
 ``<cache>/.kernelcache/triton-keys/`` keeps, beside them, the ``triton_key()`` value itself, which a served
 process takes instead of hashing libtriton.so again while Triton's files are unchanged
-(runtime/site/kernelcache_tritonkey.py, the only reader), and what Triton's tool queries (``ptxas --version``,
+(hooks/kernelcache_tritonkey.py, the only reader), and what Triton's tool queries (``ptxas --version``,
 ``ldconfig -p``) print, which served processes take instead of running them while their files hold
-(runtime/site/kernelcache_outputs.py).
+(hooks/kernelcache_outputs.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..format.envkey import EnvironmentKey, KnownEnvironment
 from ..format.envscan import package_dir
-from ..runtime.site import kernelcache_outputs, kernelcache_tritonkey
+from ..hooks import kernelcache_outputs, kernelcache_tritonkey
 from .layout import keep_newest
 from .publish import atomic_write
 from .state import CacheDir

@@ -5,18 +5,11 @@ each, so threads and processes can share one log, and a reader skips the torn la
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
-from ..runtime.site.kernelcache_records import append_line, read_lines
-
-LOG_ENV = "KERNELCACHE_COMPILE_LOG"
-_lock = threading.Lock()
-
-
-def append(path: str, record: dict) -> None:
-    with _lock:
-        append_line(path, record)
+from ..hooks.kernelcache_listener import LOG_ENV as LOG_ENV  # the writer is the served hook's: one lock, one format
+from ..hooks.kernelcache_listener import append as append
+from ..hooks.kernelcache_records import read_lines
 
 
 @dataclass(frozen=True)

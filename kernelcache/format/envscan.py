@@ -18,8 +18,8 @@ import os
 import re
 import sys
 
-from ..runtime.site.kernelcache_records import stamp
-from ..runtime.site.kernelcache_tritonkey import triton_files  # the served triton_key() seed checks these too
+from ..hooks.kernelcache_records import stamp
+from ..hooks.kernelcache_tritonkey import triton_files  # the served triton_key() seed checks these too
 from . import keep_old_name
 
 DISTRIBUTIONS = ("triton", "torch", "vllm", "flashinfer-python", "apache-tvm-ffi")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -20,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BundleManifestError, UsageError
-from ..runtime.site.kernelcache_autotune import SUFFIX as AUTOTUNE_SUFFIX
+from ..hooks.kernelcache_autotune import SUFFIX as AUTOTUNE_SUFFIX
+from ..hooks.kernelcache_listener import json_value  # the compile log's hook writes constexprs with it
 from . import canonical, keep_old_name
 
 FORMAT_VERSION = 1
@@ -330,17 +330,6 @@ def flag_capability(arch: str, flag: str | None = "--arch") -> int:
 
 def capability_to_arch(capability: int) -> str:
     return f"sm_{capability}"
-
-
-def json_value(value: Any) -> Any:
-    """A JSON-safe form of a constexpr value: non-finite floats and odd objects become strings."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [json_value(v) for v in value]
-    return str(value)
 
 
 def _consistent(manifest: Manifest) -> Manifest:

@@ -18,7 +18,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 
 from ..errors import UsageError
-from ..runtime.site.kernelcache_records import records as log_records
+from ..hooks.kernelcache_records import records as log_records
 from .tasks import Task
 
 REPLAY = "kernelcache.exercise.replay:run"

@@ -6,9 +6,9 @@ in vllm/compilation/compiler_interface.py), so one set before it starts is kept.
 When the cache holds FlashInfer modules, runtime/flashinfer.py adds PYTHONPATH (its provider
 registration) and ``FLASHINFER_DISABLE_JIT=1``. When it keeps Triton's ``triton_key()`` (written by the
 install that computed it), ``KERNELCACHE_TRITON_KEYS`` and kernelcache's site dir on PYTHONPATH let
-served processes skip hashing libtriton.so (runtime/site/kernelcache_tritonkey.py). When an installed bundle
+served processes skip hashing libtriton.so (hooks/kernelcache_tritonkey.py). When an installed bundle
 carries autotune choices (``kernelcache tune``), ``TRITON_CACHE_AUTOTUNING=1`` lets Triton read them instead of
-timing, and ``KERNELCACHE_AUTOTUNE_CHECK=1`` with the site dir guards that read (runtime/site/kernelcache_autotune.py);
+timing, and ``KERNELCACHE_AUTOTUNE_CHECK=1`` with the site dir guards that read (hooks/kernelcache_autotune.py);
 without choices none of these is set.
 """
 
@@ -23,10 +23,10 @@ from pathlib import Path
 from ..bundle.trust import Policy, policy
 from ..cachedir import CacheDir, recover
 from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
+from ..hooks import kernelcache_autotune, kernelcache_tritonkey
 from . import flashinfer
 from .served import remember_served, snapshot
 from .shell import exec_command, shell_exports
-from .site import kernelcache_autotune, kernelcache_tritonkey
 
 
 def environment(root: Path) -> dict[str, str]:
@@ -51,7 +51,7 @@ def triton_key_environment(root: Path, variables: dict[str, str]) -> dict[str, s
 
 
 def autotune_environment(root: Path, variables: dict[str, str]) -> dict[str, str]:
-    """Triton's autotune cache on, guarded (runtime/site/kernelcache_autotune.py), if a bundle installed in
+    """Triton's autotune cache on, guarded (hooks/kernelcache_autotune.py), if a bundle installed in
     ``root`` put autotune choices there; nothing otherwise."""
     if not CacheDir(root).choices_installed():
         return {}

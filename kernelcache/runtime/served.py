@@ -38,8 +38,8 @@ import os
 import sys
 
 from ..cachedir.layout import FLASHINFER_MODULES_DIR, STATE_DIR, keep_newest, kept_records, unfinished
+from ..hooks.kernelcache_records import SAME_INODE, stamp
 from ..version import __version__
-from .site.kernelcache_records import SAME_INODE, stamp
 from .workspace import workspace_base
 
 FORMAT = 1
@@ -147,9 +147,9 @@ def _check(root: str) -> tuple[dict[str, str] | None, str]:
 
 
 def _say(subject: str, outcome: str, why: str) -> None:
-    """The debug log's line (runtime/site/kernelcache_tritonkey.say), importing nothing when it is off."""
+    """The debug log's line (hooks/kernelcache_tritonkey.say), importing nothing when it is off."""
     if os.environ.get("KERNELCACHE_DEBUG", "") not in ("", "0"):
-        from .site.kernelcache_tritonkey import say
+        from ..hooks.kernelcache_tritonkey import say
 
         say(subject, outcome, why)
 
