@@ -13,7 +13,8 @@ these forms and calls the same Python API the click commands call:
   holds (runtime/served.py), else ``runtime.env.env``;
 * ``run [--bundle B] [--cache-dir D] [--require-signature] [--trusted-key K]... [--] COMMAND...``: exec COMMAND
   with those kept variables (with ``--bundle``, only when that bundle's no-op is answered from its record too, under
-  the same signature policy), else ``runtime.env.run``.
+  the same signature policy), else ``runtime.env.run``'s work (``prepare_at``, told whether the bundle's record was
+  asked already, so one command asks it once).
 * ``--version``: what click's ``version_option`` prints (``kernelcache, version 0.1.0``), from the package alone.
 
 Anything else (another verb or option, ``--help``, a ``--cache-dir`` click's parser refuses) and any error
