@@ -115,10 +115,10 @@ def _between_tasks(job: Job, functions: set) -> int:
 
 def _served_helpers(cache_dir: str) -> None:
     """Let Triton's gcc step take the installed cache's helper modules as a served process does
-    (runtime/site/kernelcache_prebuilt.py); the build counter, set after, logs them as such."""
+    (hooks/kernelcache_prebuilt.py); the build counter, set after, logs them as such."""
     from triton.runtime import build
 
-    from ..runtime.site import kernelcache_prebuilt
+    from ..hooks import kernelcache_prebuilt
 
     kernelcache_prebuilt.activate(build, cache_dir)
 
