@@ -59,9 +59,10 @@ FORMAT = 1
 KIND = "exercise"
 SOURCES = ("kernelcache", "vllm", "torch", "triton", "flashinfer")
 VARIABLE_PREFIXES = ("VLLM_", "TRITON_", "TORCH", "CUDA", "FLASHINFER_", "KERNELCACHE_", "PYTORCH_")
-# Variables that name where this build writes or which store it uses, not what the exercise computes.
+# Variables that name where this build writes or which store it uses, or how many threads vLLM's JIT warmup
+# compiles with (the number of units a build runs at once decides it), not what the exercise computes.
 SCRATCH_VARIABLES = ("CC", "KERNELCACHE_REAL_CC", "KERNELCACHE_BUILD_CACHE", "KERNELCACHE_COMPILE_LOG",
-                     "TRITON_CACHE_DIR", "TRITON_CACHE_MANAGER")
+                     "TRITON_CACHE_DIR", "TRITON_CACHE_MANAGER", "VLLM_TRITON_JIT_WARMUP_NUM_THREADS")
 LOG, RESULT, KEYS = "compiles.jsonl", "result.json", "keys.json"
 MODULE_OUTCOMES = ("hit", "published", "present")
 
