@@ -64,5 +64,16 @@ def path_help() -> str:
     return f"Path(s): {', '.join(parts)}."
 
 
+def table() -> str:
+    """The family table of docs/FAMILIES.md (scripts/family_table.py writes it; tests check the copy)."""
+    rows = ["| path | unit | what it builds | exercise | reads | key probe | GPU check |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for f in _FAMILIES.values():
+        check = f"`scripts/gpu/checks/{f.gpu_check}.py`" if f.gpu_check else "—"
+        rows.append(f"| `{f.name}` | {f.unit or '—'} | {f.summary} | `{f.exercise}` | {', '.join(f.reads)} | "
+                    f"{f'`{f.probe}`' if f.probe else '—'} | {check} |")
+    return "\n".join(rows) + "\n"
+
+
 __all__ = ["BUILTIN", "MODEL", "VOCAB", "Family", "by_model_rank", "families", "get", "names", "path_help",
-           "register", "unregister"]
+           "register", "table", "unregister"]

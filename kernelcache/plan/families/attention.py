@@ -57,8 +57,8 @@ FAMILY = Family(
     "kernelcache.exercise.vllm_attention:attention",
     ("vllm.v1.attention.backends.triton_attn", "vLLM's Triton attention backend"),
     reads=("model.num_attention_heads", "model.num_key_value_heads", "model.head_dim", "model.dtype",
-           "model.attention_windows", "kv_cache_dtype", "block_size", "max_num_seqs", "max_model_len",
-           "max_num_batched_tokens", "tensor_parallel_size"),
+           "model.sliding_window", "model.full_attention_layers", "kv_cache_dtype", "block_size", "max_num_seqs",
+           "max_model_len", "max_num_batched_tokens", "tensor_parallel_size"),
     unit=MODEL, tasks=_tasks, note="needs --attention-backend TRITON_ATTN",
     default=lambda plan: plan.model is not None and served(plan), from_model=lambda model, plan: served(plan),
     model_rank=4, check=_check, probe="tests/probes/attention_keys.py", gpu_check="attention")

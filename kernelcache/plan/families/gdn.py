@@ -51,7 +51,7 @@ FAMILY = Family(
     "gdn", "a hybrid model's gated-delta-net layers (QwenGatedDeltaNetAttention), every FLA autotune candidate",
     "kernelcache.exercise.vllm_gdn:gdn",
     ("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", "vLLM's gated-delta-net layer"),
-    reads=("model.gdn", "model.hidden_size", "model.num_key_value_heads", "model.head_dim", "layer_dtypes",
+    reads=("model.gdn", "model.hidden_size", "model.num_key_value_heads", "model.head_dim", "model.dtype", "dtypes",
            "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size", "num_speculative_tokens",
            "gdn_prefill_backend", "attention_backend", "kv_cache_dtype", "block_size", "max_model_len"),
     unit=MODEL, tasks=_tasks, note="needs a gated-delta-net model: Qwen3-Next, Qwen3.5",

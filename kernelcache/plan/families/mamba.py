@@ -40,7 +40,7 @@ FAMILY = Family(
     "mamba", "a hybrid model's Mamba-2 layers (MambaMixer2), every SSD autotune candidate",
     "kernelcache.exercise.vllm_mamba:mamba",
     ("vllm.model_executor.layers.mamba.mamba_mixer2", "vLLM's Mamba-2 mixer"),
-    reads=("model.mamba", "model.hidden_size", "layer_dtypes", "max_num_seqs", "max_num_batched_tokens",
+    reads=("model.mamba", "model.hidden_size", "model.dtype", "dtypes", "max_num_seqs", "max_num_batched_tokens",
            "tensor_parallel_size"),
     unit=MODEL, tasks=_tasks, note="needs a hybrid model",
     default=lambda plan: bool(plan.model and plan.model.is_hybrid), from_model=_from_model, model_owned=True,

@@ -38,7 +38,7 @@ FAMILY = Family(
     "kernelcache.exercise.vllm_moe:moe",
     ("vllm.model_executor.layers.fused_moe.fused_moe", "vLLM's fused-MoE Triton kernels"),
     reads=("model.num_experts", "model.hidden_size", "model.moe_intermediate_size", "model.num_experts_per_tok",
-           "layer_dtypes", "max_num_batched_tokens", "tensor_parallel_size"),
+           "model.dtype", "dtypes", "max_num_batched_tokens", "tensor_parallel_size"),
     unit=MODEL, tasks=_tasks, note="needs a MoE model", default=lambda plan: bool(plan.model and plan.model.is_moe),
     from_model=_from_model, model_owned=True, model_rank=1, check=_check, probe="tests/probes/moe_keys.py",
     gpu_check="moe")

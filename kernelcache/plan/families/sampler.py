@@ -53,7 +53,7 @@ REGISTRY = Family(
 MRV1 = Family(
     "mrv1", "the V1 Sampler with seeded and unseeded requests, every batch class", f"{EXERCISE}:mrv1",
     ("vllm.v1.sample.sampler", "the V1 (MRV1) Sampler"),
-    reads=("vocab", "max_num_seqs", "num_speculative_tokens", "modes", "seeded", "unseeded", "dtypes"),
+    reads=("vocab", "max_num_seqs", "num_speculative_tokens", "modes", "seeded", "unseeded", "dtypes", "paths"),
     tasks=_mrv1, probe=PROBE, gpu_check="sampler")
 MRV2 = Family(
     "mrv2", "Model Runner V2's temperature/min-p/top-k/top-p and Gumbel chain, raw-logits Gumbel",
