@@ -9,7 +9,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from kernelcache.cli import main as cli
 from kernelcache.errors import RecipeError, UsageError
 from kernelcache.plan import families, recipe
-from kernelcache.plan.family import VOCAB, Family, Task
+from kernelcache.plan.config import integer
+from kernelcache.plan.family import MODEL, VOCAB, Family, ModelSection, Task
 from kernelcache.plan.tasks import plan_units
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,3 +156,61 @@ def test_a_registered_family_builds_installs_and_verifies_through_the_cli(selfte
     assert checked.exit_code == 0, checked.output
     report = json.loads(checked.output)
     assert report["compiles"] == 0 and report["hits"] > 0 and report["tasks"] == 1
+
+
+# -- a family with its own layers in a model config ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class WidgetSpec:
+    """The test family's layers: one width, read from the config field ``widget_width``."""
+
+    widget_width: int
+
+
+def _widget_layers(fields: dict, architecture: str, where: str) -> WidgetSpec | None:
+    if architecture != "WidgetForCausalLM":
+        return None
+    return WidgetSpec(integer(fields, "widget_width", where))
+
+
+def _widget_tasks(plan, vocab: int) -> tuple[Task, ...]:
+    layers = plan.model.section("widget") if plan.model else None
+    return (Task("kernelcache.exercise.testkernels:run", {"width": layers.widget_width}, label="widget"),) \
+        if layers else ()
+
+
+@pytest.fixture
+def widget():
+    """A test-only family whose layers a model config describes: registered, never edited into the plan."""
+    family = families.register(Family(
+        "widget", "a test family with model layers", "kernelcache.exercise.testkernels:run",
+        ("kernelcache.exercise.testkernels", "kernelcache's test kernels"), unit=MODEL, tasks=_widget_tasks,
+        default=lambda plan: bool(plan.model and plan.model.section("widget")),
+        from_model=lambda model, plan: model.section("widget") is not None, model_owned=True,
+        model_section=ModelSection("widget", WidgetSpec, _widget_layers, frozenset({"widget_width"}))))
+    yield family
+    families.unregister("widget")
+
+
+@pytest.mark.fast
+def test_a_registered_family_reads_its_own_layers_from_a_model_config(widget, tmp_path):
+    config = tmp_path / "Widget-1B" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({"architectures": ["WidgetForCausalLM"], "vocab_size": 1000, "hidden_size": 64,
+                                  "num_attention_heads": 4, "widget_width": 96}))
+    plan = recipe.load().override(model_config=str(config))
+    assert plan.model.section("widget") == WidgetSpec(96) and plan.paths[-2:] == ("runner", "widget")
+    assert ("model", (Task("kernelcache.exercise.testkernels:run", {"width": 96}, label="widget"),)) in \
+        plan_units(plan)
+    again = recipe.BuildPlan.from_dict(json.loads(plan.to_json()))
+    assert again == plan and again.to_dict()["model"]["widget"] == {"widget_width": 96}
+    assert again.to_dict()["model"]["mamba"] is None  # the built-in sections keep their keys
+    file = tmp_path / "r.toml"
+    file.write_text('gpus = ["h200"]\n[model]\narchitectures = ["WidgetForCausalLM"]\nvocab_size = 1000\n'
+                    'hidden_size = 64\nwidget_width = 32\n')
+    assert "widget" in recipe.load(str(file)).paths  # its default: a model with such layers
+    bad = tmp_path / "Widget-bad" / "config.json"
+    bad.parent.mkdir()
+    bad.write_text(json.dumps({"architectures": ["WidgetForCausalLM"], "vocab_size": 1000, "hidden_size": 64}))
+    with pytest.raises(UsageError, match="has no 'widget_width'"):
+        recipe.load().override(model_config=str(bad))

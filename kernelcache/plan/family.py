@@ -30,6 +30,19 @@ class Task:
     label: str = ""
 
 
+@dataclass(frozen=True)
+class ModelSection:
+    """A family's own layers in a model config: ``parse(fields, architecture, where)`` gives its spec (a frozen
+    dataclass) or None for a model without such layers; ``ModelSpec`` keeps it under ``key`` (plans and bundles
+    record it there), ``spec`` reads it back from JSON, ``config_keys`` are the fields a recipe's ``[model]``
+    table may hold for it."""
+
+    key: str
+    spec: type
+    parse: Callable[[dict, str, str], object | None]
+    config_keys: frozenset[str] = frozenset()
+
+
 def _always(plan: BuildPlan) -> bool:
     return True
 
@@ -64,6 +77,7 @@ class Family:
     needs_drafts: bool = False  # the path runs only with num_speculative_tokens >= 1
     default: Callable[[BuildPlan], bool] = _always
     from_model: Callable[[ModelSpec, BuildPlan], bool] | None = None
+    model_section: ModelSection | None = None  # its layers' own fields in a model config
     model_owned: bool = False  # the model alone decides it: --model-config drops it unless from_model adds it
     model_rank: int = 100
     check: Callable[[BuildPlan, str], None] = _no_check

@@ -30,7 +30,7 @@ from . import families
 from .families.attention import ATTENTION_BACKENDS, KV_CACHE_DTYPES, TRITON_ATTN
 from .families.gdn import GDN_PREFILL_BACKENDS
 from .gpus import PROFILES, GpuProfile
-from .model import RECIPE_KEYS, ModelSpec, load_config
+from .model import ModelSpec, load_config, recipe_keys
 from .model import parse as parse_model
 
 PATHS = families.names()  # the built-in paths; families.names() also has any registered since
@@ -105,7 +105,9 @@ class BuildPlan:
     source: str = ""
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        data["model"] = self.model.to_dict() if self.model else None  # its families' sections by their keys
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
@@ -312,7 +314,7 @@ def parse(data: dict, where: str) -> BuildPlan:
 
 
 def _model(table: Any, where: str, name: str) -> ModelSpec:
-    _known(_table(table, "model", where), RECIPE_KEYS, "model.", where)
+    _known(_table(table, "model", where), recipe_keys(), "model.", where)
     return parse_model(table, where, name)
 
 
