@@ -64,6 +64,7 @@ def test_a_family_reads_only_the_fields_it_declares(name):
     vocab = plan.vocabs[0].size
     want = family.tasks(plan, vocab)
     assert want or family.unit == "", f"{name}: its recipe plans no task"
+    assert {t.label for t in want} <= {name} and {t.call for t in want} <= {family.exercise}
     for field, other in perturbed(plan, family.reads):
         assert family.tasks(other, vocab) == want, f"{name} reads {field}, which it does not declare"
 

@@ -145,3 +145,17 @@ def test_a_family_registered_with_a_check_is_proven_by_the_driver():
         assert prove.resolve(["selftest"]) == ["moe"]
     finally:
         families.unregister("selftest")
+
+
+def test_a_check_sees_what_an_exercise_hands_on_only_while_it_watches():
+    from kernelcache.exercise import watch
+
+    seen = []
+    watch.seen("runner.sampled", output=1)  # nobody watches: nothing happens
+    with watch.watching(lambda point, values: seen.append((point, values))):
+        watch.seen("runner.sampled", output=2)
+    watch.seen("runner.sampled", output=3)
+    assert seen == [("runner.sampled", {"output": 2})]
+    with pytest.raises(RuntimeError), watch.watching(seen.append):
+        raise RuntimeError("a check that fails stops watching")
+    assert watch._watchers == []

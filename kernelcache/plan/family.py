@@ -59,12 +59,13 @@ def _no_tasks(plan: BuildPlan, vocab: int) -> tuple[Task, ...]:
 class Family:
     """One build path and everything the house needs to know about it.
 
-    ``tasks(plan, vocab)`` plans the path's exercise tasks (``vocab`` is 0 for a ``MODEL`` unit); the plan runs
-    them only when ``name`` is in ``plan.paths``. ``default(plan)``: whether a recipe that names no paths gets
-    this one. ``from_model(model, plan)``: whether ``--model-config`` adds it (None: the model neither adds nor
-    drops it); ``model_rank`` orders the paths a model adds and the families' ``check`` calls, as plans record
-    and have always recorded them. ``check(plan, where)`` raises ``RecipeError`` when the plan cannot build the
-    path."""
+    ``tasks(plan, vocab)`` plans the path's exercise tasks (``vocab`` is 0 for a ``MODEL`` unit), each calling
+    ``exercise`` and labelled with the family's name; the plan runs them only when ``name`` is in ``plan.paths``.
+    ``default(plan)``: whether a recipe that names no paths gets this one. ``from_model(model, plan)``: whether
+    ``--model-config`` adds it (None: the model neither adds nor drops it); ``model_rank`` orders the paths a model
+    adds and the families' ``check`` calls, as plans record and have always recorded them. ``check(plan, where)``
+    raises ``RecipeError`` when the plan cannot build the path. ``model_section``: the family's own layers in a
+    model config (a hybrid model's Mamba-2 layers), which ``ModelSpec.section`` then holds."""
 
     name: str
     summary: str  # what it builds, one line (docs/FAMILIES.md)

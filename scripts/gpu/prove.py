@@ -94,7 +94,10 @@ def plan_of(bundle: Path | None, recipe: str | None):
 
     if recipe or bundle is None:
         return load(recipe)
-    return BuildPlan.from_dict(read_manifest(bundle).build.plan)
+    recorded = read_manifest(bundle).build.plan
+    if not recorded or "merged_from" in recorded:
+        raise SystemExit(f"prove: {bundle} records no single build plan (packed or merged); pass --recipe")
+    return BuildPlan.from_dict(recorded)
 
 
 def tasks_for(check: str, plan) -> list[dict]:
