@@ -97,12 +97,12 @@ def _tasks(plan, vocab: int) -> tuple[Task, ...]:
 
 def _check(plan, where: str) -> None:
     model = plan.model
-    if model is None or model.section("gdn") is None:
+    layers = model.section("gdn") if model else None
+    if layers is None:
         what = "no model" if model is None else f"{model.name} ({model.architecture}), which has none"
         raise RecipeError(f"{where}: the gdn path needs a model with gated-delta-net layers (architectures: "
                           f"{', '.join(GDN_ARCHITECTURES)}), the plan has {what}")
-    gdn = model.section("gdn")
-    heads = (gdn.linear_num_key_heads, gdn.linear_num_value_heads)
+    heads = (layers.linear_num_key_heads, layers.linear_num_value_heads)
     if any(h % plan.tensor_parallel_size for h in heads):
         raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
                           f"{model.name}'s {heads[0]} key / {heads[1]} value heads of its gated-delta-net layers")

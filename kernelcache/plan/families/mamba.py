@@ -79,13 +79,14 @@ def _tasks(plan, vocab: int) -> tuple[Task, ...]:
 
 def _check(plan, where: str) -> None:
     model = plan.model
-    if model is None or model.section("mamba") is None:
+    layers = model.section("mamba") if model else None
+    if layers is None:
         what = "no model" if model is None else f"{model.name} ({model.architecture}), which has none"
         raise RecipeError(f"{where}: the mamba path needs a hybrid model with Mamba-2 layers (architectures: "
                           f"{', '.join(MAMBA_CONFIG_NAMES)}), the plan has {what}")
-    if model.section("mamba").mamba_num_heads % plan.tensor_parallel_size:
+    if layers.mamba_num_heads % plan.tensor_parallel_size:
         raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
-                          f"{model.name}'s {model.section("mamba").mamba_num_heads} Mamba heads")
+                          f"{model.name}'s {layers.mamba_num_heads} Mamba heads")
 
 
 def _from_model(model, plan) -> bool:

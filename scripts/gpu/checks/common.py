@@ -4,6 +4,7 @@ the autotune JSON Triton wrote, the error against a reference."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 PROFILE = "profile"  # the engine's profile run (its output is the layer's unwritten buffer: not kept)
@@ -38,3 +39,21 @@ def autotune_json() -> list[str]:
 def error(got, want) -> dict:
     diff = (got.float() - want.float()).abs()
     return {"max_abs": float(diff.max()), "max_rel": float(diff.max() / want.float().abs().max().clamp_min(1e-6))}
+
+
+def timed(module, layer, label: str, batch, outputs: dict, inputs: dict) -> float:
+    """One step of ``module``'s layer (its ``profile`` for the profile run, ``forward`` otherwise) on seeded
+    hidden states, synchronized and timed; a request step's output and input are kept. Its seconds."""
+    import torch
+
+    from kernelcache.exercise.vllm_mamba import random_hidden
+
+    hidden = random_hidden(layer, batch)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    out = (module.profile if label == PROFILE else module.forward)(layer, batch, hidden)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    if label != PROFILE:
+        outputs[label], inputs[label] = out.float().cpu(), hidden.cpu()
+    return seconds

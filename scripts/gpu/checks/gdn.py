@@ -19,7 +19,7 @@ import os
 import time
 from collections import Counter
 
-from common import PROFILE, autotune_json, count_by_kernel, error, steps
+from common import autotune_json, count_by_kernel, error, steps, timed
 
 BENCH: Counter = Counter()  # the autotuner's benchmark runs per kernel, this process
 BENCH_SECONDS: Counter = Counter()
@@ -73,20 +73,10 @@ def count_benchmarks() -> None:
 
 
 def timed_step(layer, label: str, batch, records: list[dict], outputs: dict, inputs: dict) -> dict:
-    import torch
-
     from kernelcache.exercise import vllm_gdn as vg
-    from kernelcache.exercise.vllm_mamba import random_hidden
 
-    hidden = random_hidden(layer, batch)
     seen, benched = len(records), sum(BENCH.values())
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    out = (vg.profile if label == PROFILE else vg.forward)(layer, batch, hidden)
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - started
-    if label != PROFILE:
-        outputs[label], inputs[label] = out.float().cpu(), hidden.cpu()
+    seconds = timed(vg, layer, label, batch, outputs, inputs)
     new = records[seen:]
     return {"step": label, "tokens": batch.num_tokens, "seconds": round(seconds, 4),
             "compiles": sum(not r["cache_hit"] for r in new), "hits": sum(bool(r["cache_hit"]) for r in new),

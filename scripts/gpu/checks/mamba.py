@@ -17,9 +17,8 @@ against a plain fp32 torch Mamba-2 (conv, selective scan, gated group RMSNorm).
 from __future__ import annotations
 
 import os
-import time
 
-from common import PROFILE, autotune_json, count_by_kernel, error, steps
+from common import autotune_json, count_by_kernel, error, steps, timed
 
 
 def check(tasks: list[dict], records: list[dict]) -> dict:
@@ -51,25 +50,16 @@ def check(tasks: list[dict], records: list[dict]) -> dict:
 
 def timed_step(layer, label: str, batch, records: list[dict], tuned: list[dict], outputs: dict,
                inputs: dict) -> dict:
-    import torch
-
     from kernelcache.exercise import vllm_mamba as vm
 
-    hidden = vm.random_hidden(layer, batch)
     seen, looked = len(records), len(tuned)
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    out = (vm.profile if label == PROFILE else vm.forward)(layer, batch, hidden)
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - started
-    if label != PROFILE:
-        outputs[label], inputs[label] = out.float().cpu(), hidden.cpu()
+    seconds = timed(vm, layer, label, batch, outputs, inputs)
     new, lookups = records[seen:], tuned[looked:]
-    timed = [r for r in lookups if r["event"] == "autotune_bench"]
+    benched = [r for r in lookups if r["event"] == "autotune_bench"]
     kept = [r for r in lookups if r["event"] == "autotune"]
     return {"step": label, "tokens": batch.num_tokens, "seconds": round(seconds, 4),
             "compiles": sum(not r["cache_hit"] for r in new), "hits": sum(bool(r["cache_hit"]) for r in new),
-            "benchmarks": len(timed), "autotune_hits": sum(r["hit"] for r in kept),
+            "benchmarks": len(benched), "autotune_hits": sum(r["hit"] for r in kept),
             "autotune_misses": sum(not r["hit"] for r in kept), "by_kernel": count_by_kernel(new)}
 
 
