@@ -13,13 +13,16 @@ of a shipped recipe instead), so the check runs what the build ran.
 
 The bundle: ``--bundle NAME=PATH`` (a file, or a folder holding one per GPU product), default ``.carry/NAME/``; in a
 folder, the bundle whose name ends with the visible GPU's profile (``-h200.tar.zst``, ``-h100-sxm.tar.zst``) is
-taken, else the first. States: ``cold`` (an empty Triton cache; ``cold2`` ... more of them) and ``bundle`` (the
-bundle installed with ``kernelcache install`` at a new cache dir under its own HOME, the process served through
-``kernelcache env``). Each state runs ``prove.py --child`` in a fresh process: it counts every Triton ``compile()``
-(a disk hit or a compile) and every gcc launcher build with kernelcache's listener, times the check, and digests
-each output tensor's bytes. The summary (``OUT/prove.json``, printed): per family and state the counts, seconds
-and the check's own findings; whether every state computed the cold state's outputs bit for bit; ``ok`` when the
-bundle state compiled nothing, built nothing and matched.
+taken, else the first. States (``--states``, default ``cold,bundle``): ``cold`` (an empty Triton cache; ``cold2``
+... more of them), ``bundle`` (the bundle installed with ``kernelcache install`` at a new cache dir under its own
+HOME, the process served through ``kernelcache env``), ``tuned`` and ``chosen`` (``State``). Each state runs
+``prove.py --child`` in a fresh process: it counts every Triton ``compile()`` (a disk hit or a compile) and every
+gcc launcher build with kernelcache's listener, times the check, and digests each output tensor's bytes.
+
+The summary (``OUT/prove.json``, printed): the box (GPU, driver, Python, torch, Triton); per family and state the
+counts, seconds and the check's own findings, and whether the state computed the cold state's outputs bit for
+bit; ``ok`` when the bundle state compiled nothing, built nothing and matched. Every state's result, log and
+compile records go to ``OUT/logs.tgz``.
 
 On the GPU box (no vLLM installed) vLLM's pure-Python tree comes from ``.carry/vllm-h200.tar.xz``
 (scripts/gpu/prepare_carry.sh): unpacked under the work dir and put on the children's PYTHONPATH after
@@ -164,7 +167,7 @@ def child_command(check: str, tasks: list[dict], result: Path) -> list[str]:
 
 def run_state(state: State, check: str, tasks: list[dict], out: Path, base_env: dict, timeout: int) -> dict:
     """What the state prepares (install, tune, seed), then the check in a fresh process; the child's result or
-    what failed."""
+    what failed. Its result, logs and compile records go to ``out`` (the work dir's logs/)."""
     result = out / f"{check}-{state.name}.json"
     state.cache.mkdir(parents=True, exist_ok=True)
     state.home.mkdir(parents=True, exist_ok=True)
@@ -287,8 +290,9 @@ class Box:
     work: Path
     product: str = ""
     env: dict = field(default_factory=dict)
+    description: str = ""
 
-    def prepare(self, out: Path, dry: bool) -> None:
+    def prepare(self, dry: bool) -> None:
         self.product = PRODUCTS.get(next((k for k in PRODUCTS if k in gpu_name()), ""), "")
         paths = [str(ROOT / "scripts" / "gpu" / "site"), str(ROOT)]
         if importlib.util.find_spec("vllm") is None and VLLM_TREE.is_file():
@@ -301,7 +305,7 @@ class Box:
             sys.path.append(str(tree / "site"))  # this process reads bundles too (zstandard)
         self.env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join(paths)}
         if not dry:
-            (out / "env.txt").write_text(describe_box())
+            self.description = describe_box()
 
 
 def gpu_name() -> str:
@@ -329,24 +333,29 @@ def prove(args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work or (Path(tempfile.gettempdir()) / "kc-prove" if args.dry_run
                               else tempfile.mkdtemp(prefix="kc-prove-")))
+    logs = work / "logs"
     box = Box(work)
-    box.prepare(out, args.dry_run)
+    box.prepare(args.dry_run)
     bundles, tuned = dict(named(args.bundle)), dict(named(args.tuned))
-    summary = {"families": {}, "ok": True}
+    summary = {"box": box.description, "families": {}, "ok": True}
     for check in resolve(args.families):
         bundle = pick_bundle(bundles.get(check), check, box.product)
         tasks = tasks_for(check, plan_of(bundle, args.recipe))
         chosen = states(args.states.split(","), check, bundle, Path(tuned[check]) if check in tuned else None, work)
         missing = missing_input(check, bundle, tasks, chosen)
         if args.dry_run:
-            print_plan(check, bundle, tasks, chosen, out, missing)
+            print_plan(check, bundle, tasks, chosen, logs, missing)
             continue
         if missing:
             summary["families"][check] = {"check": check, "ok": False, "error": missing}
         else:
-            runs = {s.name: run_state(s, check, tasks, out, box.env, args.timeout) for s in chosen}
+            logs.mkdir(parents=True, exist_ok=True)
+            runs = {s.name: run_state(s, check, tasks, logs, box.env, args.timeout) for s in chosen}
             summary["families"][check] = summarise(check, runs, bundle)
         summary["ok"] = summary["ok"] and summary["families"][check]["ok"]
+    if logs.is_dir():  # a device call brings back few files: the summary, and the rest in one archive
+        with tarfile.open(out / "logs.tgz", "w:gz") as archive:
+            archive.add(logs, arcname="logs")
     return summary
 
 
