@@ -666,6 +666,9 @@ def _build_summary(target) -> None:
                   f"{cache.published} entries added" + (f", {cache.corrupt} corrupt ones compiled again"
                                                          if cache.corrupt else "")
                   + (f"; FlashInfer's module {cache.flashinfer}" if cache.flashinfer else ""), markup=False)
+    if cache.units and (cache.units.reused or cache.units.kept):
+        out.print(f"exercise processes: {cache.units.reused} unit(s) restored instead of run, {cache.units.kept} "
+                  "recorded for the next build", markup=False)
     for problem in cache.errors[:3]:
         err.print(f"warning: build cache {cache.location}: {problem}", markup=False)
     for bundle in target.bundles:

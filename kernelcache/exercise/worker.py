@@ -53,7 +53,7 @@ def main(path: str) -> int:
     os.environ["KERNELCACHE_TARGET_MODE"] = job.mode
     os.environ["KERNELCACHE_COMPILE_LOG"] = job.compile_log  # where hooks record too (a build cache's manager)
     if job.mode == "cross":
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # vLLM's lenient Triton-import branch (vllm-cross-spike.md)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # vllm.triton_utils.importing: 0 drivers, Triton kept
     started = time.perf_counter()
     results, functions = [], set()
 

@@ -84,6 +84,7 @@ class Family:
     check: Callable[[BuildPlan, str], None] = _no_check
     probe: str = ""  # the independent key probe (tests/probes/), from the repository root
     gpu_check: str = ""  # the check scripts/gpu/prove.py runs on a GPU: a file under scripts/gpu/checks/
+    proven: str = ""  # the GPU its check passed on (BENCHMARKS.md), for docs/FAMILIES.md
 
     def planned(self, plan: BuildPlan, vocab: int = 0) -> tuple[Task, ...]:
         """Its tasks for ``plan`` (none when the plan does not name the path)."""

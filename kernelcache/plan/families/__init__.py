@@ -66,12 +66,13 @@ def path_help() -> str:
 
 def table() -> str:
     """The family table of docs/FAMILIES.md (scripts/family_table.py writes it; tests check the copy)."""
-    rows = ["| path | unit | what it builds | exercise | reads | key probe | GPU check |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| path | unit | what it builds | exercise | reads | key probe | GPU check | proven |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for f in _FAMILIES.values():
-        check = f"`scripts/gpu/checks/{f.gpu_check}.py`" if f.gpu_check else "—"
-        rows.append(f"| `{f.name}` | {f.unit or '—'} | {f.summary} | `{f.exercise}` | {', '.join(f.reads)} | "
-                    f"{f'`{f.probe}`' if f.probe else '—'} | {check} |")
+        cells = (f"`{f.name}`", f.unit or "—", f.summary, f"`{f.exercise}`", ", ".join(f.reads),
+                 f"`{f.probe}`" if f.probe else "—", f"`scripts/gpu/checks/{f.gpu_check}.py`" if f.gpu_check else "—",
+                 f.proven or "—")
+        rows.append(f"| {' | '.join(cells)} |")
     return "\n".join(rows) + "\n"
 
 

@@ -61,4 +61,4 @@ FAMILY = Family(
            "max_model_len", "max_num_batched_tokens", "tensor_parallel_size"),
     unit=MODEL, tasks=_tasks, note="needs --attention-backend TRITON_ATTN",
     default=lambda plan: plan.model is not None and served(plan), from_model=lambda model, plan: served(plan),
-    model_rank=4, check=_check, probe="tests/probes/attention_keys.py", gpu_check="attention")
+    model_rank=4, check=_check, probe="tests/probes/attention_keys.py", gpu_check="attention", proven="H200")

@@ -122,4 +122,4 @@ FAMILY = Family(
     unit=MODEL, tasks=_tasks, note="needs a gated-delta-net model: Qwen3-Next, Qwen3.5",
     default=lambda plan: bool(plan.model and _from_model(plan.model, plan)), from_model=_from_model,
     model_section=SECTION, model_owned=True, model_rank=3, check=_check, probe="tests/probes/gdn_keys.py",
-    gpu_check="gdn")
+    gpu_check="gdn", proven="H100")

@@ -102,4 +102,4 @@ FAMILY = Family(
     unit=MODEL, tasks=_tasks, note="needs a hybrid model",
     default=lambda plan: bool(plan.model and _from_model(plan.model, plan)), from_model=_from_model,
     model_section=SECTION, model_owned=True, model_rank=2, check=_check, probe="tests/probes/mamba_keys.py",
-    gpu_check="mamba")
+    gpu_check="mamba", proven="H200")

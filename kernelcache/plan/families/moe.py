@@ -41,4 +41,4 @@ FAMILY = Family(
            "model.dtype", "dtypes", "max_num_batched_tokens", "tensor_parallel_size"),
     unit=MODEL, tasks=_tasks, note="needs a MoE model", default=lambda plan: bool(plan.model and plan.model.is_moe),
     from_model=_from_model, model_owned=True, model_rank=1, check=_check, probe="tests/probes/moe_keys.py",
-    gpu_check="moe")
+    gpu_check="moe", proven="H200")

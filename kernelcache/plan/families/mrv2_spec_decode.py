@@ -22,4 +22,4 @@ FAMILY = Family(
     reads=("vocab", "max_num_seqs", "num_speculative_tokens", "max_model_len", "max_num_batched_tokens",
            "block_size", "dtypes"),
     tasks=_tasks, note="need drafts", needs_drafts=True, probe="tests/probes/mrv2_spec_decode_keys.py",
-    gpu_check="mrv2_spec_decode")
+    gpu_check="mrv2_spec_decode", proven="H200")

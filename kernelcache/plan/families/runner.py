@@ -22,4 +22,4 @@ FAMILY = Family(
     "kernelcache.exercise.vllm_runner:runner", ("vllm.v1.worker.gpu.input_batch", "Model Runner V2's input batch"),
     reads=("vocab", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size", "dtypes"),
     tasks=_tasks, note="Model Runner V2's own kernels", from_model=_from_model, model_rank=0,
-    probe="tests/probes/runner_keys.py", gpu_check="runner")
+    probe="tests/probes/runner_keys.py", gpu_check="runner", proven="H200")

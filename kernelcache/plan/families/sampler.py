@@ -49,17 +49,18 @@ REGISTRY = Family(
     "registry", "every top-k/top-p key vLLM's JIT warmup registry enumerates", f"{EXERCISE}:registry",
     ("vllm.model_executor.warmup.jit_warmup", "vLLM's JIT warmup registry"),
     reads=("vocab", "max_num_seqs", "num_speculative_tokens", "dtypes"), tasks=_registry, probe=PROBE,
-    gpu_check="sampler")
+    gpu_check="sampler", proven="H200")
 MRV1 = Family(
     "mrv1", "the V1 Sampler with seeded and unseeded requests, every batch class", f"{EXERCISE}:mrv1",
     ("vllm.v1.sample.sampler", "the V1 (MRV1) Sampler"),
     reads=("vocab", "max_num_seqs", "num_speculative_tokens", "modes", "seeded", "unseeded", "dtypes", "paths"),
-    tasks=_mrv1, probe=PROBE, gpu_check="sampler")
+    tasks=_mrv1, probe=PROBE, gpu_check="sampler", proven="H200")
 MRV2 = Family(
     "mrv2", "Model Runner V2's temperature/min-p/top-k/top-p and Gumbel chain, raw-logits Gumbel",
     f"{EXERCISE}:mrv2", ("vllm.v1.worker.gpu.sample.gumbel", "Model Runner V2's Gumbel sampler"),
     reads=("vocab", "max_num_seqs", "num_speculative_tokens", "modes", "dtypes", "min_p", "fp64_gumbel"),
-    tasks=_mrv2, probe=PROBE, gpu_check="sampler")
+    tasks=_mrv2, probe=PROBE, gpu_check="sampler", proven="H200")
 FLASHINFER = Family(
     "flashinfer", "FlashInfer's sampling module (a CUDA module, built beside the Triton tasks)",
-    f"{EXERCISE}:flashinfer", ("flashinfer", "flashinfer-python"), reads=("vocab",), unit="")
+    f"{EXERCISE}:flashinfer", ("flashinfer", "flashinfer-python"), reads=("vocab",), unit="",
+    proven="H200 (cross builds)")

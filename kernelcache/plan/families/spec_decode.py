@@ -22,4 +22,4 @@ FAMILY = Family(
     ("vllm.v1.spec_decode.utils", "vLLM's speculative-decoding kernels"),
     reads=("vocab", "max_num_seqs", "num_speculative_tokens", "max_model_len", "dtypes", "fp64_gumbel"),
     tasks=_tasks, note="need drafts", needs_drafts=True, probe="tests/probes/spec_decode_keys.py",
-    gpu_check="spec_decode")
+    gpu_check="spec_decode", proven="H200")
