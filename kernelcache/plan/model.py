@@ -82,7 +82,8 @@ _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 RECIPE_KEYS = {"name", "architectures", "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
                "num_experts_per_tok", "num_attention_heads", "num_key_value_heads", "head_dim",
                "max_position_embeddings", "torch_dtype", "dtype", "sliding_window", "use_sliding_window",
-               "layer_types", "mamba_ssm_cache_dtype", "mamba_ssm_dtype", *_EXPERT_KEYS, *GDN_FIELDS,
+               "layer_types", "mamba_ssm_cache_dtype", "mamba_ssm_dtype", "attn_logit_softcapping", *_EXPERT_KEYS,
+               *GDN_FIELDS,
                *{name for names in MAMBA_CONFIG_NAMES.values() for name in names.values()}}
 
 
@@ -102,6 +103,7 @@ class ModelSpec:
     max_position_embeddings: int = 0
     sliding_window: int = 0  # 0: every attention layer sees the whole context
     full_attention_layers: bool = True  # whether some layers attend to everything (with a window: mixed)
+    logits_soft_cap: float = 0.0  # attn_logit_softcapping (Gemma 2): tanh soft-capping of attention logits
     mamba: MambaSpec | None = None  # a hybrid model's Mamba-2 layers
     gdn: GdnSpec | None = None  # a hybrid model's gated-delta-net layers
 
@@ -200,6 +202,7 @@ def parse(data: dict, where: str, name: str = "") -> ModelSpec:
         max_position_embeddings=_int(fields, "max_position_embeddings", where, 0),
         sliding_window=window,
         full_attention_layers=full_layers,
+        logits_soft_cap=_soft_cap(fields, where),
         mamba=_mamba(fields, architectures[0], where),
         gdn=_gdn(fields, architectures[0], where),
     )
@@ -248,6 +251,16 @@ def _window(fields: dict, where: str) -> tuple[int, bool]:
     if "sliding_attention" not in kinds:
         return 0, True
     return window, "full_attention" in kinds
+
+
+def _soft_cap(fields: dict, where: str) -> float:
+    """``attn_logit_softcapping`` (Gemma 2 passes it to ``Attention`` as ``logits_soft_cap``); null or absent: 0."""
+    value = fields.get("attn_logit_softcapping")
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise RecipeError(f"{where}: model field 'attn_logit_softcapping' must be a non-negative number, got {value!r}")
+    return float(value)
 
 
 def _experts(fields: dict, where: str) -> int:

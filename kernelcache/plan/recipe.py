@@ -31,7 +31,7 @@ from .model import GDN_ARCHITECTURES, MAMBA_CONFIG_NAMES, RECIPE_KEYS, ModelSpec
 from .model import parse as parse_model
 
 PATHS = ("registry", "mrv1", "mrv2", "flashinfer", "mrv1_spec_decode", "mrv2_spec_decode", "moe", "runner",
-         "attention", "mamba", "gdn")
+         "attention", "mamba", "gdn", "flashinfer_attention")
 SPEC_DECODE_PATHS = ("mrv1_spec_decode", "mrv2_spec_decode")  # each needs drafts (num_speculative_tokens >= 1)
 # vLLM's --attention-backend names that matter here: the attention path builds TRITON_ATTN's kernels; the
 # others are CUDA/C++ (FlashAttention, FlashInfer) and compile no Triton kernel. auto: vLLM's choice, which
@@ -39,6 +39,7 @@ SPEC_DECODE_PATHS = ("mrv1_spec_decode", "mrv2_spec_decode")  # each needs draft
 # (vllm/platforms/cuda.py, _get_backend_priorities).
 ATTENTION_BACKENDS = ("auto", "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN")
 TRITON_ATTN = "TRITON_ATTN"
+FLASHINFER = "FLASHINFER"  # the flashinfer_attention path builds the FlashInfer JIT modules of vLLM's backend
 # vLLM's --kv-cache-dtype; auto: the model's dtype. The attention path builds only auto today (an fp8 KV cache
 # needs the cache-write and attention kernels' fp8 variants, which the exercise does not drive yet).
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -106,6 +107,7 @@ class BuildPlan:
     kv_cache_dtype: str = "auto"
     block_size: int = 16  # vLLM's default on CUDA
     gdn_prefill_backend: str = "auto"
+    flashinfer_cubins: bool = True  # the serving host reaches NVIDIA's artifactory or has flashinfer-cubin
     model: ModelSpec | None = None
     seeded: bool = True
     unseeded: bool = True
@@ -162,7 +164,8 @@ class BuildPlan:
         (unless --path says otherwise)."""
         model = load_config(given.model_config)
         wanted = ("runner",) + (("moe",) if model.is_moe else ()) + (("mamba",) if model.is_hybrid else ()) + (
-            ("gdn",) if model.is_gdn else ()) + (("attention",) if self.attention_backend == TRITON_ATTN else ())
+            ("gdn",) if model.is_gdn else ()) + (("attention",) if self.attention_backend == TRITON_ATTN else ()) + (
+            ("flashinfer_attention",) if self.attention_backend == FLASHINFER else ())
         paths = tuple(p for p in self.paths if p not in ("moe", "mamba", "gdn")) + tuple(
             p for p in wanted if p not in self.paths)
         return replace(self, model=model, name=_plain_name(model.name), paths=paths,
@@ -180,6 +183,7 @@ class BuildPlan:
         _check_mamba(plan, where)
         _check_gdn(plan, where)
         _check_attention(plan, where)
+        _check_flashinfer_attention(plan, where)
         return plan
 
     def _override_gdn(self, backend) -> BuildPlan:
@@ -189,21 +193,24 @@ class BuildPlan:
                                                          "command line"))
 
     def _override_attention(self, backend, kv_cache_dtype, block_size, explicit_paths: bool) -> BuildPlan:
-        """--attention-backend TRITON_ATTN adds the attention path (another backend drops it) unless --path
-        named the paths; --kv-cache-dtype and --block-size set what its kernels are built for."""
+        """--attention-backend TRITON_ATTN adds the attention path and FLASHINFER the flashinfer_attention path (a
+        named backend drops the other's; auto keeps what the plan has) unless --path named the paths;
+        --kv-cache-dtype and --block-size set what their kernels are built for."""
         where = "command line"
         changes: dict[str, Any] = {}
         if backend is not None:
             changes["attention_backend"] = _choice(backend, ATTENTION_BACKENDS, "--attention-backend", where)
-            if not explicit_paths:
-                others = tuple(p for p in self.paths if p != "attention")
-                changes["paths"] = others + (("attention",) if backend == TRITON_ATTN else ())
+            if not explicit_paths and backend != "auto":
+                others = tuple(p for p in self.paths if p not in ("attention", "flashinfer_attention"))
+                changes["paths"] = others + (("attention",) if backend == TRITON_ATTN else ()) + (
+                    ("flashinfer_attention",) if backend == FLASHINFER and self.model is not None else ())
         if kv_cache_dtype is not None:
             changes["kv_cache_dtype"] = _choice(kv_cache_dtype, KV_CACHE_DTYPES, "--kv-cache-dtype", where)
         if block_size is not None:
             changes["block_size"] = _positive(block_size, "--block-size", where)
         plan = replace(self, **changes)
         _check_attention(plan, where)
+        _check_flashinfer_attention(plan, where)
         return plan
 
     def _override_serving(self, num_speculative_tokens, max_model_len) -> BuildPlan:
@@ -236,7 +243,7 @@ class BuildPlan:
 _TOP_KEYS = {"name", "description", "gpus", "vllm", "vocab", "gpu", "model"}
 _VLLM_KEYS = {"paths", "max_num_seqs", "num_speculative_tokens", "max_model_len", "modes", "seeded", "unseeded",
               "logits_dtypes", "min_p", "fp64_gumbel", "max_num_batched_tokens", "tensor_parallel_size",
-              "attention_backend", "kv_cache_dtype", "block_size", "gdn_prefill_backend"}
+              "attention_backend", "kv_cache_dtype", "block_size", "gdn_prefill_backend", "flashinfer_cubins"}
 
 
 def load(recipe: str | os.PathLike | None = None) -> BuildPlan:
@@ -309,6 +316,7 @@ def parse(data: dict, where: str) -> BuildPlan:
         block_size=_positive(vllm.get("block_size", 16), "vllm.block_size", where),
         gdn_prefill_backend=_choice(vllm.get("gdn_prefill_backend", "auto"), GDN_PREFILL_BACKENDS,
                                     "vllm.gdn_prefill_backend", where),
+        flashinfer_cubins=_bool(vllm.get("flashinfer_cubins", True), "vllm.flashinfer_cubins", where),
         model=model,
         seeded=_bool(vllm.get("seeded", True), "vllm.seeded", where),
         unseeded=_bool(vllm.get("unseeded", True), "vllm.unseeded", where),
@@ -324,6 +332,7 @@ def parse(data: dict, where: str) -> BuildPlan:
     _check_mamba(plan, where)
     _check_gdn(plan, where)
     _check_attention(plan, where)
+    _check_flashinfer_attention(plan, where)
     return plan
 
 
@@ -336,6 +345,8 @@ def _default_path(path: str, plan: BuildPlan) -> bool:
         return bool(plan.model and plan.model.is_gdn)
     if path == "attention":
         return plan.model is not None and plan.attention_backend == TRITON_ATTN
+    if path == "flashinfer_attention":
+        return plan.model is not None and plan.attention_backend == FLASHINFER
     return True
 
 
@@ -417,6 +428,22 @@ def _check_attention(plan: BuildPlan, where: str) -> None:
     if model is None or not model.num_attention_heads:
         raise RecipeError(f"{where}: the attention path needs a model with num_attention_heads ([model] or "
                           "--model-config)")
+    if model.num_attention_heads % plan.tensor_parallel_size:
+        raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
+                          f"{model.name}'s {model.num_attention_heads} attention heads")
+
+
+def _check_flashinfer_attention(plan: BuildPlan, where: str) -> None:
+    if "flashinfer_attention" not in plan.paths:
+        return
+    if plan.attention_backend not in (FLASHINFER, "auto"):
+        raise RecipeError(f"{where}: the flashinfer_attention path builds vLLM's FlashInfer attention backend; it "
+                          f"needs attention_backend = FLASHINFER (or auto, where vLLM picks FlashInfer), the plan has "
+                          f"{plan.attention_backend}")
+    model = plan.model
+    if model is None or not model.num_attention_heads:
+        raise RecipeError(f"{where}: the flashinfer_attention path needs a model with num_attention_heads ([model] "
+                          "or --model-config)")
     if model.num_attention_heads % plan.tensor_parallel_size:
         raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
                           f"{model.name}'s {model.num_attention_heads} attention heads")

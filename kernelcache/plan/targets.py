@@ -34,6 +34,7 @@ REQUIRED_MODULES = {
     "attention": ("vllm.v1.attention.backends.triton_attn", "vLLM's Triton attention backend"),
     "mamba": ("vllm.model_executor.layers.mamba.mamba_mixer2", "vLLM's Mamba-2 mixer"),
     "gdn": ("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", "vLLM's gated-delta-net layer"),
+    "flashinfer_attention": ("vllm.v1.attention.backends.flashinfer", "vLLM's FlashInfer attention backend"),
 }
 
 

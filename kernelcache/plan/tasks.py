@@ -19,6 +19,7 @@ ATTENTION = "kernelcache.exercise.vllm_attention"
 MAMBA = "kernelcache.exercise.vllm_mamba"
 MRV2_SPEC_DECODE = "kernelcache.exercise.vllm_mrv2_spec_decode"
 GDN = "kernelcache.exercise.vllm_gdn"
+FLASHINFER_ATTENTION = "kernelcache.exercise.vllm_flashinfer"
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ def vocab_tasks(plan: BuildPlan, vocab: int) -> tuple[Task, ...]:
 def model_tasks(plan: BuildPlan) -> tuple[Task, ...]:
     """The model's layers: fused MoE, Mamba-2 and gated delta net once per dtype they run in, Triton attention
     once per sliding window."""
-    return moe_tasks(plan) + attention_tasks(plan) + mamba_tasks(plan) + gdn_tasks(plan)
+    return moe_tasks(plan) + attention_tasks(plan) + mamba_tasks(plan) + gdn_tasks(plan) + flashinfer_attention_tasks(
+        plan)
 
 
 def gdn_tasks(plan: BuildPlan) -> tuple[Task, ...]:
@@ -121,6 +123,23 @@ def attention_tasks(plan: BuildPlan) -> tuple[Task, ...]:
         "max_num_batched_tokens": plan.max_num_batched_tokens, "sliding_window": window,
         "tensor_parallel_size": plan.tensor_parallel_size}, label="attention")
         for window in model.attention_windows)
+
+
+def flashinfer_attention_tasks(plan: BuildPlan) -> tuple[Task, ...]:
+    """vLLM's FlashInfer attention backend for the model's layers, once per sliding window (each window is a KV-cache
+    group with a metadata builder of its own); the task records, and in cross mode builds, the FlashInfer JIT
+    modules it asks for (empty without the flashinfer_attention path)."""
+    model = plan.model
+    if "flashinfer_attention" not in plan.paths or model is None:
+        return ()
+    return tuple(Task(f"{FLASHINFER_ATTENTION}:flashinfer_attention", {
+        "num_heads": model.num_attention_heads, "num_kv_heads": model.num_key_value_heads,
+        "head_size": model.head_dim, "dtype": model.dtype, "kv_cache_dtype": plan.kv_cache_dtype,
+        "block_size": plan.block_size, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
+        "max_num_batched_tokens": plan.max_num_batched_tokens, "sliding_window": window,
+        "logits_soft_cap": model.logits_soft_cap, "tensor_parallel_size": plan.tensor_parallel_size,
+        "attention_backend": plan.attention_backend, "cubins": plan.flashinfer_cubins},
+        label="flashinfer_attention") for window in model.attention_windows)
 
 
 def moe_tasks(plan: BuildPlan) -> tuple[Task, ...]:
