@@ -179,7 +179,9 @@ def plan_options(recipe_help: str):
                      help="Path(s): registry, mrv1, mrv2, flashinfer, mrv1_spec_decode and mrv2_spec_decode "
                           "(need drafts), moe (needs a MoE model), runner (Model Runner V2's own kernels), "
                           "attention (needs --attention-backend TRITON_ATTN), mamba (needs a hybrid model), gdn "
-                          "(needs a gated-delta-net model: Qwen3-Next, Qwen3.5)."),
+                          "(needs a gated-delta-net model: Qwen3-Next, Qwen3.5), flashinfer_attention (the FlashInfer "
+                          "JIT modules of vLLM's FLASHINFER backend for the model; added by --attention-backend "
+                          "FLASHINFER)."),
         click.option("--model-config", type=click.Path(dir_okay=False), default=None,
                      help="A local Hugging Face config.json: its vocab, dtype, MoE / attention / Mamba-2 / "
                           "gated-delta-net layers, its name for the bundle."),

@@ -77,7 +77,8 @@ def _jobs(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: i
            "TQDM_DISABLE": "1", **reproducible_cc(work),
            **candidates_env(target.capability, target.sm_count, {p.name: p.product for p in target.profiles}),
            **(variables or {})}
-    if "flashinfer_attention" in plan.paths and target.mode == "cross":
+    asks = "flashinfer_attention" in plan.paths or any(t.label == "flashinfer_attention" for t in extra_tasks)
+    if asks and target.mode == "cross":
         env.update(flashinfer_build_env(target, build=not served))
     setup = ()
     if target.mode == "cross":

@@ -51,6 +51,7 @@ from .vllm_attention import Batch, Shape
 from .vllm_sampler import _device_scope, cross
 
 LAYER_NAME = triton_attention.LAYER_NAME
+KINDS = ("capture", "decode", "prefill", "mixed")  # the batch kinds of ``sweeps``, in run order
 BUILD_VARIABLE = "KERNELCACHE_FLASHINFER_BUILD"  # "1": a build's exercise process nvcc-builds what it records
 DTYPES = ("bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -222,20 +223,23 @@ def flashinfer_attention(*, num_heads: int, num_kv_heads: int, head_size: int, d
                          max_model_len: int = 8192, max_num_batched_tokens: int = 8192, sliding_window: int = 0,
                          logits_soft_cap: float = 0.0, tensor_parallel_size: int = 1, cubins: bool = True,
                          attention_backend: str = "FLASHINFER", cuda: str = "13.0",
-                         build: bool | None = None) -> dict:
+                         build: bool | None = None, kinds: list[str] | None = None) -> dict:
     """Capture, decode, prefill and mixed batches through one FLASHINFER layer (module docstring); the FlashInfer
     JIT modules they asked for and, with ``build`` (default: ``BUILD_VARIABLE`` is "1"), those modules built for the
     target.
 
     ``cubins``: whether the serving host reaches NVIDIA's artifactory or has flashinfer-cubin (vLLM then decodes
     with XQA on SM90/SM12x and runs trtllm-gen on SM100). ``attention_backend``: FLASHINFER, or auto (the task
-    runs only where vLLM's CUDA platform puts FLASHINFER first). ``cuda``: the CUDA version of the serving torch
+    runs only where vLLM's CUDA platform puts FLASHINFER first). ``kinds``: the batch kinds to run (default:
+    all of ``KINDS``). ``cuda``: the CUDA version of the serving torch
     (``torch.version.cuda``), which FlashInfer reads to pick FA3 on SM90. In native mode FlashInfer builds and
     runs each module for real; ``built`` then names what its JIT built.
     """
     started = time.perf_counter()
     shape = rank_shape(num_heads, num_kv_heads, head_size, dtype, kv_cache_dtype, block_size, max_num_seqs,
                        max_model_len, max_num_batched_tokens, sliding_window, logits_soft_cap, tensor_parallel_size)
+    if set(kinds or ()) - set(KINDS):
+        raise ValueError(f"flashinfer_attention: kinds must be among {KINDS}, got {kinds}")
     substitutions = prepare()
     summary = {"rank_shape": asdict(shape), "cubins": cubins, "attention_backend": attention_backend}
     chosen = chosen_backend(attention_backend)
@@ -247,6 +251,8 @@ def flashinfer_attention(*, num_heads: int, num_kv_heads: int, head_size: int, d
             recording(recorder, stand_in=cross()):
         state = make_state(shape, recorder)
         for kind, batches in sweeps(state):
+            if kinds and kind not in kinds:
+                continue
             recorder.batch = kind
             for batch in batches:
                 run(state, kind, batch)
@@ -263,7 +269,16 @@ def chosen_backend(attention_backend: str) -> str:
     platform's capability (``_get_backend_priorities`` in vllm/platforms/cuda.py; FLASHINFER on SM100)."""
     if attention_backend != "auto":
         return attention_backend
+    import importlib
+    import sys
+    import types
+
     from vllm.platforms import current_platform
+
+    try:  # vllm/platforms/cuda.py imports vLLM's stable-ABI extension, which needs the driver; nothing here calls it
+        importlib.import_module("vllm._C_stable_libtorch")
+    except ImportError:
+        sys.modules["vllm._C_stable_libtorch"] = types.ModuleType("vllm._C_stable_libtorch")
     from vllm.platforms.cuda import _get_backend_priorities
 
     return _get_backend_priorities(False, current_platform.get_device_capability())[0].name
