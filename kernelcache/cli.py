@@ -473,6 +473,8 @@ def _render_listing(listing) -> None:
         if b.tuned_on:
             state = b.choices_skipped or f"{b.choices} autotune choice(s) installed"
             out.print(f"{b.name}: tuned on {b.tuned_on}: {state}", markup=False)
+        for name in b.flashinfer_modules:
+            out.print(f"{b.name}: FlashInfer module {name}", markup=False)
     out.print(f"{len(listing.bundles)} bundle(s), {human_size(listing.size_on_disk)} on disk", markup=False)
 
 
