@@ -424,9 +424,14 @@ def _check_attention(plan: BuildPlan, where: str) -> None:
     if plan.kv_cache_dtype != "auto":
         raise RecipeError(f"{where}: the attention path builds kv_cache_dtype auto only (the model's dtype); "
                           f"an {plan.kv_cache_dtype} KV cache's Triton kernels are not exercised yet")
+    _check_heads(plan, "attention", where)
+
+
+def _check_heads(plan: BuildPlan, path: str, where: str) -> None:
+    """An attention path needs a model whose attention heads the tensor-parallel size divides."""
     model = plan.model
     if model is None or not model.num_attention_heads:
-        raise RecipeError(f"{where}: the attention path needs a model with num_attention_heads ([model] or "
+        raise RecipeError(f"{where}: the {path} path needs a model with num_attention_heads ([model] or "
                           "--model-config)")
     if model.num_attention_heads % plan.tensor_parallel_size:
         raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
@@ -440,13 +445,7 @@ def _check_flashinfer_attention(plan: BuildPlan, where: str) -> None:
         raise RecipeError(f"{where}: the flashinfer_attention path builds vLLM's FlashInfer attention backend; it "
                           f"needs attention_backend = FLASHINFER (or auto, where vLLM picks FlashInfer), the plan has "
                           f"{plan.attention_backend}")
-    model = plan.model
-    if model is None or not model.num_attention_heads:
-        raise RecipeError(f"{where}: the flashinfer_attention path needs a model with num_attention_heads ([model] "
-                          "or --model-config)")
-    if model.num_attention_heads % plan.tensor_parallel_size:
-        raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
-                          f"{model.name}'s {model.num_attention_heads} attention heads")
+    _check_heads(plan, "flashinfer_attention", where)
 
 
 def _plain_name(name: str) -> str:

@@ -116,13 +116,18 @@ def attention_tasks(plan: BuildPlan) -> tuple[Task, ...]:
     model = plan.model
     if "attention" not in plan.paths or model is None:
         return ()
-    return tuple(Task(f"{ATTENTION}:attention", {
-        "num_heads": model.num_attention_heads, "num_kv_heads": model.num_key_value_heads,
-        "head_size": model.head_dim, "dtype": model.dtype, "kv_cache_dtype": plan.kv_cache_dtype,
-        "block_size": plan.block_size, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
-        "max_num_batched_tokens": plan.max_num_batched_tokens, "sliding_window": window,
-        "tensor_parallel_size": plan.tensor_parallel_size}, label="attention")
-        for window in model.attention_windows)
+    return tuple(Task(f"{ATTENTION}:attention", layer_kwargs(plan, window), label="attention")
+                 for window in model.attention_windows)
+
+
+def layer_kwargs(plan: BuildPlan, window: int) -> dict:
+    """What both attention exercises take of the model and the serving flags, for one sliding window."""
+    model = plan.model
+    return {"num_heads": model.num_attention_heads, "num_kv_heads": model.num_key_value_heads,
+            "head_size": model.head_dim, "dtype": model.dtype, "kv_cache_dtype": plan.kv_cache_dtype,
+            "block_size": plan.block_size, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
+            "max_num_batched_tokens": plan.max_num_batched_tokens, "sliding_window": window,
+            "tensor_parallel_size": plan.tensor_parallel_size}
 
 
 def flashinfer_attention_tasks(plan: BuildPlan) -> tuple[Task, ...]:
@@ -133,11 +138,7 @@ def flashinfer_attention_tasks(plan: BuildPlan) -> tuple[Task, ...]:
     if "flashinfer_attention" not in plan.paths or model is None:
         return ()
     return tuple(Task(f"{FLASHINFER_ATTENTION}:flashinfer_attention", {
-        "num_heads": model.num_attention_heads, "num_kv_heads": model.num_key_value_heads,
-        "head_size": model.head_dim, "dtype": model.dtype, "kv_cache_dtype": plan.kv_cache_dtype,
-        "block_size": plan.block_size, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
-        "max_num_batched_tokens": plan.max_num_batched_tokens, "sliding_window": window,
-        "logits_soft_cap": model.logits_soft_cap, "tensor_parallel_size": plan.tensor_parallel_size,
+        **layer_kwargs(plan, window), "logits_soft_cap": model.logits_soft_cap,
         "attention_backend": plan.attention_backend, "cubins": plan.flashinfer_cubins},
         label="flashinfer_attention") for window in model.attention_windows)
 

@@ -137,20 +137,13 @@ def run(args) -> dict:
                           "per_step": errors}}
 
 
-def inputs(state, batch, index: int):
-    import torch
-
-    from kernelcache.exercise.vllm_attention import qkv
-
-    return qkv(state, batch.num_tokens, torch.Generator(device="cuda").manual_seed(1000 + index))
-
-
 def timed_step(state, batch, index: int, records: list[dict], nvcc_log: Path):
     import torch
+    from attention_check import inputs
 
     from kernelcache.exercise.vllm_flashinfer import step
 
-    tensors = inputs(state, batch, index)
+    tensors = inputs(state, batch, index)  # the same seeded q/k/v as the TRITON_ATTN proof
     seen, nvcc_seen = len(records), _lines(nvcc_log)
     torch.cuda.synchronize()
     started = time.perf_counter()
