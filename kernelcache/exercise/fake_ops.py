@@ -194,9 +194,12 @@ def _register(spec: OpSpec) -> None:
         torch.library.register_fake(spec.qualname, spec.fake_impl, lib=library)
 
 
-def install_ops() -> list[dict]:
-    """Register every op of ``OPS`` this process lacks; returns one record per op registered here."""
+def install_ops(only: tuple[str, ...] | None = None) -> list[dict]:
+    """Register every op of ``OPS`` (or of those ``only`` names, ``namespace::name``) this process lacks; returns one
+    record per op registered here."""
     for spec in OPS:
+        if only is not None and spec.qualname not in only:
+            continue
         if not _present(spec):
             _register(spec)
             _SUBSTITUTED[spec.qualname] = {"op": spec.qualname, "upstream": spec.upstream,

@@ -203,10 +203,11 @@ def flashinfer_build_env(target: BuildTarget, build: bool = True) -> dict[str, s
     mode), in the kept FlashInfer workspace (exercise/flashinfer.py ``workspace_dir``), and (``build``: not when
     verifying) builds them."""
     from . import flashinfer as fi_build
-    from .vllm_flashinfer import BUILD_VARIABLE
+    from .vllm_flashinfer import BUILD_VARIABLE, CC_VARIABLE
 
     return {**fi_build.build_variables(target.arch, fi_build.workspace_dir(), fi_build.nvcc_jobs(),
-                                       fi_build.ensure_toolchain()), BUILD_VARIABLE: "1" if build else "0"}
+                                       fi_build.ensure_toolchain()), BUILD_VARIABLE: "1" if build else "0",
+            CC_VARIABLE: os.environ.get("CC", "")}
 
 
 def flashinfer_jit_module(plan: BuildPlan, target: BuildTarget, work: Path) -> tuple:

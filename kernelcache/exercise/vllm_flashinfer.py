@@ -53,6 +53,10 @@ from .vllm_sampler import _device_scope, cross
 LAYER_NAME = triton_attention.LAYER_NAME
 KINDS = ("capture", "decode", "prefill", "mixed")  # the batch kinds of ``sweeps``, in run order
 BUILD_VARIABLE = "KERNELCACHE_FLASHINFER_BUILD"  # "1": a build's exercise process nvcc-builds what it records
+# The user's own CC ("": none) while FlashInfer builds: the exercise process's CC is a per-build wrapper for Triton's
+# gcc step (exercise/jobs.py reproducible_cc), and FlashInfer passes CC to nvcc as -ccbin, which would make ninja
+# rebuild every module in the kept workspace on every build.
+CC_VARIABLE = "KERNELCACHE_FLASHINFER_CC"
 DTYPES = ("bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 
@@ -308,11 +312,16 @@ def rank_shape(num_heads: int, num_kv_heads: int, head_size: int, dtype: str, kv
                            float(logits_soft_cap))
 
 
+CACHE_WRITE = "_C_cache_ops::reshape_and_cache_flash"  # the one vLLM C op on this path (do_kv_cache_update)
+
+
 def prepare() -> dict:
-    """The import shims and the C-op stand-ins of exercise/fake_ops.py, before vLLM's backend is imported."""
+    """The import shims of exercise/fake_ops.py and its stand-in for vLLM's cache write (only where vLLM's C
+    extension lacks it), before vLLM's backend is imported. The MoE stand-ins are left out: a process that later
+    loads vLLM's own MoE extension must not find its ops already defined."""
     from . import fake_ops
 
-    return fake_ops.install()
+    return {"imports": fake_ops.install_import_shims(), "ops": fake_ops.install_ops(only=(CACHE_WRITE,))}
 
 
 @contextlib.contextmanager
@@ -492,12 +501,31 @@ def build_specs(recorder: Recorder) -> dict:
     for name in recorder.buildable():
         spec = recorder.live[name]
         started = time.perf_counter()
-        spec.build(verbose=True)
+        with users_cc():
+            spec.build(verbose=True, need_lock=True)  # FlashInfer's lock: builds may share the workspace
         seconds = round(time.perf_counter() - started, 1)
         sources = built_from(spec, recorder.specs[name])
         built[name] = {"library": str(spec.jit_library_path), "seconds": seconds, "sources": list(sources),
                        "sources_sha256": sources_digest(sources, _package_root().parent)}
     return built
+
+
+@contextlib.contextmanager
+def users_cc():
+    """``CC`` as the user set it (``CC_VARIABLE``) while FlashInfer builds, where the build says what it was."""
+    if CC_VARIABLE not in os.environ:
+        yield
+        return
+    saved = os.environ.get("CC")
+    os.environ.pop("CC", None)
+    if os.environ[CC_VARIABLE]:
+        os.environ["CC"] = os.environ[CC_VARIABLE]
+    try:
+        yield
+    finally:
+        os.environ.pop("CC", None)
+        if saved is not None:
+            os.environ["CC"] = saved
 
 
 OWN_SOURCES = ("data/csrc", "data/include")  # FlashInfer's own code in its package (not its vendored libraries)
