@@ -658,6 +658,9 @@ def _build_summary(target) -> None:
     flashinfer = "".join(f", FlashInfer {m.name} ({' '.join(m.archs)})" for m in first.flashinfer)
     out.print(f"{len(first.kernels)} kernels, {len(first.modules)} prebuilt modules{flashinfer}; {target.compiles} "
               f"compiles ({target.compile_seconds:.1f}s of compile time) in {target.seconds:.1f}s")
+    for skip in target.skipped:
+        if skip["path"].startswith("flashinfer/"):
+            out.print(f"left out {skip['path']}: {skip['reason']}", markup=False)
     cache = target.build_cache
     if cache.location:
         out.print(f"build cache {cache.location}: {cache.reused} kernels and {cache.reused_modules} modules reused, "
