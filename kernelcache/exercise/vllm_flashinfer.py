@@ -5,22 +5,26 @@ One exercise task, ``flashinfer_attention``. What a server started with ``--atte
 ``FlashInferBackend``, its ``FlashInferImpl``, the KV cache in the layout the engine resolves for it, and each
 step ``FlashInferMetadataBuilder.build`` (which calls the wrappers' ``plan()``), then ``Attention.forward``
 (the wrappers' ``run()``, or the XQA / trtllm-gen entry points), over CUDA-graph capture, decode, prefill and
-mixed batches (exercise/vllm_attention.py's sweeps, fewer sizes: FlashInfer's modules do not depend on the
-batch size).
+mixed batches (a few of each: FlashInfer's module URIs do not depend on the batch size).
 
 FlashInfer builds a module through ``JitSpec.build_and_load`` (flashinfer/jit/core.py): its Python code
 generates the sources (templated ones into its ``generated`` dir) and returns a ``JitSpec`` whose ``name``
-is the module's URI. This task replaces ``build_and_load`` for the duration of the run: it records the spec
-(URI, sources and their sha256, which call asked for it) and hands back a stand-in module whose functions
-do nothing, so ``plan()`` and ``run()`` go on. With ``build=True`` each recorded nvcc spec is then built
-for the target arch (``JitSpec.build``) in this process; FlashInfer's own environment decides the arch
-(``FLASHINFER_CUDA_ARCH_LIST``), the toolkit (``CUDA_HOME``) and where it builds (``FLASHINFER_WORKSPACE_BASE``).
+is the module's URI. In cross mode this task replaces ``build_and_load`` for the duration of the run: it records
+the spec (URI, sources inside the flashinfer package, which FlashInfer function asked for it, the first batch kind
+that did) and hands back a stand-in module whose functions do nothing (a ``plan`` function returns a zero
+plan-info vector), so ``plan()`` and ``run()`` go on. In a build (``BUILD_VARIABLE``) each recorded nvcc spec is
+then built for the target by FlashInfer's own ``JitSpec.build`` in this process; FlashInfer's environment decides
+the arch (``FLASHINFER_CUDA_ARCH_LIST``), the toolkit (``CUDA_HOME``) and where it builds
+(``FLASHINFER_WORKSPACE_BASE``: exercise/flashinfer.py ``workspace_dir``, kept between builds). The built module
+records its sources: its own and every FlashInfer header (``data/csrc``, ``data/include``) ninja saw it read.
+In native mode (a GPU) FlashInfer builds and loads for real and the task only records.
 
 What FlashInfer does not build with nvcc is recorded as left out, with the reason:
 
-* trtllm-gen's cubins (``flashinfer/jit/cubin_loader.py``: ``get_cubin``, ``get_meta_hash``): downloaded at
-  run time from NVIDIA's artifactory (``FLASHINFER_CUBINS_REPOSITORY``) or taken from flashinfer-cubin;
-  nothing here compiles them. The module that launches them (``trtllm_gen_fmha``, an nvcc build) is kept.
+* trtllm-gen's files (``get_artifact`` in flashinfer/jit/cubin_loader.py: its ``checksums.txt``, its
+  ``flashInferMetaInfo.h``, its cubins), downloaded at run time from NVIDIA's artifactory
+  (``FLASHINFER_CUBINS_REPOSITORY``) or taken from flashinfer-cubin; and the module that launches them
+  (``fmha_gen``), whose build includes that downloaded header (its include dir lies in ``FLASHINFER_CUBIN_DIR``).
 * specs of other toolchains (``JitSpecCuteDsl``: CuTe-DSL kernels compiled by the DSL at run time).
 
 vLLM decides between FlashInfer's own kernels and NVIDIA's (XQA decode on SM90 and SM12x, trtllm-gen on
@@ -28,11 +32,12 @@ SM100) by whether the serving host reaches NVIDIA's artifactory or has flashinfe
 (``supports_trtllm_attention`` -> ``has_nvidia_artifactory`` in vllm/utils/flashinfer.py); ``cubins``
 states which, since no network is asked here.
 
-Cross mode (exercise/fake_device.py): FakeTensors on ``cuda``; the CUDA queries FlashInfer and vLLM make
-directly (``torch.cuda.get_device_capability`` / ``get_device_properties``, FlashInfer's SM count) answer
-the target's; vLLM's cache write (``_C_cache_ops.reshape_and_cache_flash``) is the stand-in of
-exercise/fake_ops.py when vLLM's C extension is absent. The Triton kernel of the builder
-(``_copy_page_indices_kernel``) compiles as any other, into the bundle.
+Cross mode (exercise/fake_device.py): FakeTensors on ``cuda``, host tensors real (the builder reads them back);
+the CUDA queries FlashInfer and vLLM make directly (``torch.cuda.get_device_capability`` /
+``get_device_properties`` / ``device``, ``torch.version.cuda``) answer the target's; vLLM's cache write
+(``_C_cache_ops.reshape_and_cache_flash``) is the stand-in of exercise/fake_ops.py when vLLM's C extension is
+absent. The builder's Triton kernel (``_copy_page_indices_kernel``, run wherever FlashInfer's own paged kernels
+are) compiles as any other, into the bundle.
 """
 
 from __future__ import annotations
