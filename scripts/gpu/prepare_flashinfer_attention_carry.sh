@@ -42,8 +42,9 @@ for module in manifest.flashinfer:
     wanted |= {Path(line.strip()) for line in deps.splitlines() if line.startswith(" ")
                and str(package / "data") in line}
 wanted |= set((package / "data").rglob("*.jinja"))
+sources = {".cu", ".cuh", ".h", ".hpp", ".cpp", ".cc", ".c", ".inl", ".pyc"}  # outside data/: other modules' code
 for path in package.rglob("*"):
-    if path.is_file() and "data" not in path.relative_to(package).parts[:1] and path.suffix != ".pyc":
+    if path.is_file() and "data" not in path.relative_to(package).parts[:1] and path.suffix not in sources:
         wanted.add(path)
 for path in sorted(wanted):
     target = site / "flashinfer" / path.relative_to(package)
