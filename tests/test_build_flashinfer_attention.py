@@ -172,7 +172,7 @@ def test_a_built_module_is_bundled_and_found_by_flashinfers_lookup(tmp_path, mon
     (bundle,) = result.bundles
     (module,) = bundle.manifest.flashinfer
     assert module.name.startswith("xqa_input_bf16") and module.archs == ("sm90a",) and module.sources_sha256
-    assert any(k.name == "_copy_page_indices_kernel" for k in bundle.manifest.kernels)
+    assert not bundle.manifest.kernels  # XQA reads the block table: the builder's Triton kernel feeds paged FlashInfer
     kc("install", str(bundle.path), "--cache-dir", str(tmp_path / "cache"), check=True)
     listed = kc("ls", "--cache-dir", str(tmp_path / "cache"), check=True).stdout
     assert f"FlashInfer module {module.name}" in listed
