@@ -11,6 +11,7 @@
 # Triton compiles and gcc launcher builds, timing each step, checking each against a dense fp32 reference; then
 # compares the two runs' outputs (must be identical).
 # Results: $OUT/flashinfer_attention.json (summary), $OUT/fa-{bundle,jit}.json, install output, logs.
+# MODES="bundle" or MODES="jit" runs one of the two (JIT_TIMEOUT: the cold run's limit, default 400 s).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T=/tmp/kcfa; rm -rf "$T"; mkdir -p "$T"
@@ -34,9 +35,9 @@ export MAX_JOBS=${MAX_JOBS:-16}
 HOME=$T/home python3 -m kernelcache install "$bundle" --cache-dir "$T/bundle/cache" > "$OUT/install.txt" 2>&1
 echo "install rc=$?" | tee -a "$OUT/install.txt"
 mkdir -p "$T/cold" "$T/ws-bundle" "$T/ws-jit"
-for mode in bundle jit; do
+for mode in ${MODES:-bundle jit}; do
   cache=$T/cold; [ "$mode" = bundle ] && cache=$T/bundle/cache
-  limit=150; [ "$mode" = jit ] && limit=${JIT_TIMEOUT:-320}
+  limit=150; [ "$mode" = jit ] && limit=${JIT_TIMEOUT:-400}
   HOME=$T/home timeout "$limit" python3 scripts/gpu/flashinfer_attention_check.py run --mode "$mode" --cache-dir "$cache" \
     --workspace "$T/ws-$mode" --out "$OUT/fa-$mode.json" --outputs "$T/outputs-$mode.pt" > "$OUT/fa-$mode.log" 2>&1
   echo "$mode rc=$?"

@@ -3,9 +3,10 @@
 #   llama-3.1-8b-flashinfer-sm_90-h200.tar.zst  the bundle: `kernelcache build --recipe llama-3.1-8b-flashinfer` for
 #                     sm_90 (FlashInfer's XQA decode and FA3 prefill modules built here by nvcc, the builder's Triton
 #                     kernel), through the same CLI users run;
-#   fi-site.tar.xz    flashinfer-python's Python package and dist-info, plus, of its C++/CUDA tree, only the files the
-#                     modules' nvcc builds read (ninja's dependency record of each build) and its templates, so the
-#                     machine's nvcc can build the same modules cold; ninja; kernelcache's own dependencies;
+#   fi-site.tar.xz    flashinfer-python's Python package and dist-info, its own C++/CUDA tree (data/csrc, data/include)
+#                     and, of the libraries it vendors (CUTLASS, CCCL, spdlog), only the files the modules' nvcc builds
+#                     read (ninja's dependency record of each build), so the machine's nvcc can build the same modules
+#                     cold; ninja; kernelcache's own dependencies;
 #   vllm-h200.tar.xz  vLLM 0.33.0's pure-Python tree and the wheels it imports (scripts/gpu/prepare_carry.sh; copied
 #                     from VLLM_CARRY when given).
 # Run from the repo root of a checkout with .venv-lab (scripts/setup.sh). The FlashInfer workspace (the nvcc builds,
@@ -41,7 +42,9 @@ for module in manifest.flashinfer:
                           check=True).stdout
     wanted |= {Path(line.strip()) for line in deps.splitlines() if line.startswith(" ")
                and str(package / "data") in line}
-wanted |= set((package / "data").rglob("*.jinja"))
+# FlashInfer's generators copy and render files of data/csrc (templates, kernel sources) into its generated dir,
+# which no dependency record names: carry its own C++/CUDA tree whole (4.7 MB as xz), the vendored ones as read.
+wanted |= {p for part in ("csrc", "include") for p in (package / "data" / part).rglob("*") if p.is_file()}
 sources = {".cu", ".cuh", ".h", ".hpp", ".cpp", ".cc", ".c", ".inl", ".pyc"}  # outside data/: other modules' code
 for path in package.rglob("*"):
     if path.is_file() and "data" not in path.relative_to(package).parts[:1] and path.suffix not in sources:
