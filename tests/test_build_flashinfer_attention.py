@@ -68,6 +68,8 @@ def names(summary: dict) -> set[str]:
 
 
 @pytest.mark.vllm
+@pytest.mark.flashinfer
+@pytest.mark.slow
 def test_hopper_asks_for_xqa_decode_and_fa3_prefill_of_the_shape(hopper):
     base = hopper["base"]
     assert base["backend"] == "FLASHINFER" and base["decode_kernel"] == "xqa"
@@ -84,6 +86,8 @@ def test_hopper_asks_for_xqa_decode_and_fa3_prefill_of_the_shape(hopper):
 
 
 @pytest.mark.vllm
+@pytest.mark.flashinfer
+@pytest.mark.slow
 @pytest.mark.parametrize(("variant", "marks"), [
     ("head64", ("head_dim_64", "head_dim_qk_64")), ("fp16", ("input_f16", "dtype_q_f16")),
     ("window", ("use_sliding_window_True", "use_swa_True")), ("softcap", ("use_logits_cap_True",))])
@@ -95,6 +99,8 @@ def test_each_shape_change_changes_the_uris(hopper, variant, marks):
 
 
 @pytest.mark.vllm
+@pytest.mark.flashinfer
+@pytest.mark.slow
 def test_without_nvidias_artifactory_decode_is_flashinfers_own(hopper):
     summary = hopper["no_cubins"]
     assert summary["decode_kernel"] == "flashinfer-native"
@@ -103,6 +109,8 @@ def test_without_nvidias_artifactory_decode_is_flashinfers_own(hopper):
 
 
 @pytest.mark.vllm
+@pytest.mark.flashinfer
+@pytest.mark.slow
 def test_blackwell_trtllm_gen_is_left_out_with_its_reason(tmp_path):
     pytest.importorskip("vllm")
     require_flashinfer()
@@ -129,6 +137,7 @@ def test_the_flashinfer_backend_flag_adds_the_path_per_window():
         load("llama-3.1-8b").override(paths=["flashinfer_attention"], attention_backend="FLASH_ATTN")
 
 
+@pytest.mark.flashinfer
 def test_install_refuses_a_module_whose_sources_changed():
     require_flashinfer()
     import flashinfer
@@ -159,6 +168,7 @@ def _manifest(module: FlashInferModule):
 
 
 @pytest.mark.vllm
+@pytest.mark.flashinfer
 @pytest.mark.slow
 def test_a_built_module_is_bundled_and_found_by_flashinfers_lookup(tmp_path, monkeypatch):
     """XQA's decode module (about 25 s of nvcc on 2 cores) through build, install and verify."""
