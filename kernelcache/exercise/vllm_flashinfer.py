@@ -135,6 +135,16 @@ class StandIn:
         return _plan if "plan" in attr else _nothing
 
 
+def _caller() -> str:
+    """The FlashInfer function that called ``build_and_load`` (frames only: no source is read, timings stay)."""
+    import sys
+
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_name in ("build_and_load", "_build_and_load_jit_fallback"):
+        frame = frame.f_back
+    return frame.f_code.co_name if frame is not None else "?"
+
+
 def _nothing(*args: Any, **kwargs: Any) -> None:
     return None
 
@@ -159,7 +169,6 @@ def recording(recorder: Recorder, stand_in: bool = True):
     building, and artifact downloads are recorded as left out and answer placeholder bytes (a module whose build
     includes one is left out: ``NEEDS_ARTIFACTS``). Without, FlashInfer builds, downloads and loads for real."""
     import importlib
-    import inspect
 
     from flashinfer.jit import core
     from flashinfer.jit import env as jit_env
@@ -167,8 +176,7 @@ def recording(recorder: Recorder, stand_in: bool = True):
     cubin_dir = Path(jit_env.FLASHINFER_CUBIN_DIR)
 
     def build_and_load(spec):
-        caller = next((f.function for f in inspect.stack()[1:4] if f.function != "build_and_load"), "?")
-        recorder.add(spec, caller)
+        recorder.add(spec, _caller())
         includes = [Path(p) for p in getattr(spec, "extra_include_dirs", None) or ()]
         if any(p == cubin_dir or cubin_dir in p.parents for p in includes):
             recorder.left_out[spec.name] = NEEDS_ARTIFACTS
