@@ -11,8 +11,10 @@
    environment fingerprint; with ``sign``, bundle/signature.py signs each (``B.tar.zst.sig`` beside it).
 
 With a build cache (buildcache/__init__.py; on by default) the exercise processes take every key an earlier
-build compiled from it and publish what they compile to it; the bundles are the same bytes either way, and
-each ``TargetResult`` counts what was reused.
+build compiled from it and publish what they compile to it, and a cross build restores a unit's exercise record
+instead of running its process (buildcache/exercises.py). Targets that differ only by product run at once, a
+unit they share running once. The bundles are the same bytes either way, and each ``TargetResult`` counts what
+was reused.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -34,7 +38,7 @@ from .bundle.make import PackResult, make_bundle
 from .bundle.signature import SigningKey, SignResult, load_signing_key
 from .bundle.signature import sign as sign_bundle
 from .errors import BuildFailed
-from .exercise.jobs import WorkerResult, exercise, flashinfer_jit_module
+from .exercise.jobs import WorkerResult, exercise, flashinfer_jit_module, stop_exercises
 from .format.archive import source_date_epoch
 from .format.compilelog import CompileRecord
 from .format.fingerprint import local_environment
@@ -131,17 +135,20 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
     jobs = jobs or os.cpu_count() or 1
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results = []
     scratch = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="kernelcache-build-"))
     keep = workdir is not None
+    records = _unit_records(cache, targets)
+
+    def one(target: BuildTarget, slots: threading.Semaphore | None = None) -> TargetResult:
+        work = scratch / target.label
+        if work.exists():
+            shutil.rmtree(work)
+        tasks = tuple(extra_tasks) + _miss_tasks(from_misses or [], target.capability)
+        return _signed(_build_target(plan, target, work, out, jobs, keep_ir, tasks, progress, cache, records,
+                                     slots), signer)
+
     try:
-        for target in targets:
-            work = scratch / target.label
-            if work.exists():
-                shutil.rmtree(work)
-            tasks = tuple(extra_tasks) + _miss_tasks(from_misses or [], target.capability)
-            results.append(_signed(_build_target(plan, target, work, out, jobs, keep_ir, tasks, progress, cache),
-                                   signer))
+        results = _each_target(targets, one, jobs, records)
     except BuildFailed:
         keep = True  # its message points at logs in the scratch dir: leave them to be read
         raise
@@ -149,6 +156,34 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
         if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
     return BuildResult(plan, tuple(results))
+
+
+def _each_target(targets: list[BuildTarget], one: Callable[..., TargetResult], jobs: int,
+                 records) -> list[TargetResult]:
+    """Build each target. Targets that differ only by product (plan/targets.py) run at once on the shared ``jobs``
+    exercise processes: a unit they share runs once and is copied by the others (buildcache/exercises.py) while
+    their own units run beside it. Targets of other SM counts run one after the other, so that the later ones take
+    the kernels they share from the build cache."""
+    results = []
+    for sm_count in sorted({t.sm_count for t in targets}):
+        group = [t for t in targets if t.sm_count == sm_count]
+        results += [one(group[0])] if len(group) == 1 else _at_once(group, one, jobs, records)
+    return sorted(results, key=lambda r: targets.index(r.target))
+
+
+def _at_once(targets: list[BuildTarget], one: Callable[..., TargetResult], jobs: int,
+             records) -> list[TargetResult]:
+    slots = threading.BoundedSemaphore(max(1, jobs))
+    with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+        futures = [pool.submit(one, target, slots) for target in targets]
+        try:
+            wait(futures, return_when=FIRST_EXCEPTION)
+            return [f.result() for f in futures]
+        except BaseException:
+            if records is not None:
+                records.stop()
+            stop_exercises()
+            raise
 
 
 def _signed(result: TargetResult, signer: SigningKey | None) -> TargetResult:
@@ -189,10 +224,12 @@ def check_target_env(plan: BuildPlan, targets: list[BuildTarget], there, source:
 
 
 def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, keep_ir: bool, extra_tasks,
-                  progress, cache: BuildCacheSpec | None = None) -> TargetResult:
+                  progress, cache: BuildCacheSpec | None = None, records=None,
+                  slots: threading.Semaphore | None = None) -> TargetResult:
     started = time.perf_counter()
     run = exercise(plan, target, work, work / "cache", jobs, extra_tasks, progress,
-                   variables=cache.worker_env() if cache else None)
+                   variables=cache.worker_env() if cache else None, reuse=records, slots=slots)
+    kept = records.keep(run.jobs, work / "cache") if records else None
     # A FlashInfer-only plan runs no exercise process: fingerprint this interpreter's Triton instead.
     environment = _environment(run.results) if run.results else local_environment([target.arch])
     identity = _identity(run.results) if run.results else identity_here([target.arch])
@@ -214,12 +251,24 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
         tgt = Target("cuda", target.arch, 32, gpu=profile.name, sm_count=target.sm_count,
                      device_keys=device_keys_of(run.log.device_tables, profile))
         bundles.append(make_bundle(out / name, found.entries, tgt, environment, build_info, flashinfer, identity))
-    compiled = [r for r in records if not r.cache_hit]
+    ran = run.ran_log() if run.restored else run.log
+    compiled = [r for r in ran.compiles if not r.cache_hit]
     return TargetResult(target, tuple(bundles), time.perf_counter() - started,
                         sum((r.compile_us or 0) for r in compiled) / 1e6, len(compiled), coverage,
                         tuple(found.skipped) + left_out,
-                        build_cache=BuildCacheCounts.of(cache and cache.location, run.log.build_cache,
-                                                        flashinfer_cache))
+                        build_cache=BuildCacheCounts.of(cache and cache.location, ran.build_cache,
+                                                        flashinfer_cache, kept))
+
+
+def _unit_records(cache: BuildCacheSpec | None, targets: list[BuildTarget]):
+    """Exercise records (buildcache/exercises.py) for cross targets: shared between the targets of this build, and
+    with the build cache when there is one; None for a native build (it exercises the GPU that is there)."""
+    if any(t.mode != "cross" for t in targets) or (cache is None and len(targets) == 1):
+        return None
+    from .buildcache import open_store
+    from .buildcache.exercises import UnitRecords
+
+    return UnitRecords(open_store(cache) if cache else None)
 
 
 def device_keys_of(records: tuple[dict, ...], profile: GpuProfile) -> DeviceKeys | None:

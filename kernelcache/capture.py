@@ -2,7 +2,7 @@
 
 For kernels outside the sampler (a short ``vllm serve`` warmup, a test suite): the command runs with
 a fresh ``TRITON_CACHE_DIR`` and kernelcache's process hook on ``PYTHONPATH``
-(runtime/site/sitecustomize.py), so every Python process it starts that imports Triton logs its
+(hooks/sitecustomize.py), so every Python process it starts that imports Triton logs its
 compiles -- with the signatures and constexprs Triton's own metadata lacks. The cache is then packed.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from .bundle.make import PackResult, pack
 from .errors import BuildFailed, UsageError
 
-SITE_DIR = Path(__file__).resolve().parent / "runtime" / "site"  # data: the process hook, not imported
+SITE_DIR = Path(__file__).resolve().parent / "hooks"  # data: the process hook, not imported
 
 
 def hooked_env(cache_dir: Path, compile_log: Path, base: dict | None = None) -> dict[str, str]:

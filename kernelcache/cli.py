@@ -195,8 +195,9 @@ def plan_options(recipe_help: str):
         click.option("--max-model-len", type=int, default=None,
                      help="vLLM max_model_len (spec decode, runner, attention: block-table widths)."),
         click.option("--attention-backend", default=None,
-                     help="vLLM --attention-backend: TRITON_ATTN adds the attention path (vLLM's Triton backend); "
-                          "auto, FLASH_ATTN, FLASHINFER compile no Triton attention kernel."),
+                     help="vLLM --attention-backend: TRITON_ATTN adds the attention path (vLLM's Triton backend), "
+                          "FLASHINFER the flashinfer_attention path (FlashInfer's JIT modules); auto and "
+                          "FLASH_ATTN compile no attention kernel."),
         click.option("--kv-cache-dtype", default=None, help="vLLM --kv-cache-dtype: auto (the model's), fp8, "
                                                             "fp8_e4m3, fp8_e5m2 (the attention path: auto only)."),
         click.option("--block-size", type=int, default=None, help="vLLM --block-size: tokens per KV-cache block "
@@ -667,6 +668,9 @@ def _build_summary(target) -> None:
                   f"{cache.published} entries added" + (f", {cache.corrupt} corrupt ones compiled again"
                                                          if cache.corrupt else "")
                   + (f"; FlashInfer's module {cache.flashinfer}" if cache.flashinfer else ""), markup=False)
+    if cache.units and (cache.units.reused or cache.units.kept):
+        out.print(f"exercise processes: {cache.units.reused} unit(s) restored instead of run, {cache.units.kept} "
+                  "recorded for the next build", markup=False)
     for problem in cache.errors[:3]:
         err.print(f"warning: build cache {cache.location}: {problem}", markup=False)
     for bundle in target.bundles:

@@ -13,7 +13,8 @@ these forms and calls the same Python API the click commands call:
   holds (runtime/served.py), else ``runtime.env.env``;
 * ``run [--bundle B] [--cache-dir D] [--require-signature] [--trusted-key K]... [--] COMMAND...``: exec COMMAND
   with those kept variables (with ``--bundle``, only when that bundle's no-op is answered from its record too, under
-  the same signature policy), else ``runtime.env.run``.
+  the same signature policy), else ``runtime.env.run``'s work (``prepare_at``, told whether the bundle's record was
+  asked already, so one command asks it once).
 * ``--version``: what click's ``version_option`` prints (``kernelcache, version 0.1.0``), from the package alone.
 
 Anything else (another verb or option, ``--help``, a ``--cache-dir`` click's parser refuses) and any error
@@ -108,16 +109,23 @@ def _plain(args: list[str]) -> bool:
         return False
 
 
+def _root(options: dict) -> str:
+    """The cache dir of ``--cache-dir`` (its default when not given), resolved once for the plain form's work."""
+    from .cachedir.layout import cache_root
+
+    return cache_root(options.get("--cache-dir"))
+
+
 def _install(options: dict, positionals: list[str]) -> bool:
     if len(positionals) != 1:
         return False
     from .cachedir.checked import find_checked
 
-    cache_dir, check_gpu = options.get("--cache-dir"), not options.get("--no-gpu-check")
+    check_gpu = not options.get("--no-gpu-check")
     signature_policy = _policy(options)
-    found = find_checked(positionals[0], cache_dir, check_gpu, signature_policy)
+    found = find_checked(positionals[0], _root(options), check_gpu, signature_policy)
     if found is None:
-        return _install_now(positionals[0], cache_dir, check_gpu, bool(options.get("--json")), signature_policy)
+        return _install_now(positionals[0], _root(options), check_gpu, bool(options.get("--json")), signature_policy)
     root, digest, warnings, signature, choices = found
     _render_install({"cache_dir": str(root), "digest": digest, "action": "already-installed", "written": 0,
                      "present": 0, "seconds": 0.0, "warnings": list(warnings), "signature": signature,
@@ -126,23 +134,32 @@ def _install(options: dict, positionals: list[str]) -> bool:
     return True
 
 
-def _install_now(bundle: str, cache_dir: str | None, check_gpu: bool, as_json: bool, signature_policy) -> bool:
-    """What ``cli.install`` does with these options, without click: the same API call, output and errors (an
-    error is said by ``cli.fail``, which loads click then). False, for click, where click's parser would refuse
-    the arguments: a ``--cache-dir`` that exists and is not a directory (``click.Path(file_okay=False)``)."""
+def _not_a_dir(root: str) -> bool:
+    """Whether the cache dir exists and is not a directory: click's parser refuses such a ``--cache-dir``
+    (``click.Path(file_okay=False)``), and the API a default one (``UsageError``); either way click says it."""
     import os
 
-    if cache_dir is not None and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
+    return os.path.exists(root) and not os.path.isdir(root)
+
+
+def _install_now(bundle: str, root: str, check_gpu: bool, as_json: bool, signature_policy) -> bool:
+    """What ``cli.install`` does with these options, without click: the same API call, output and errors (an
+    error is said by ``cli.fail``, which loads click then). False, for click, where the cache dir ``root`` is not a
+    directory (``_not_a_dir``)."""
+    if _not_a_dir(root):
         return False
     from .errors import KernelcacheError
 
     try:
+        from pathlib import Path
+
+        from .cachedir import CacheDir
         from .format.archive import Limits
-        from .install import install
+        from .install import install_into
 
         limits = Limits.from_env()  # as cli.make_limits, with no --max-* flags
-        result = install(bundle, cache_dir, force=False, check_gpu=check_gpu, limits=limits,
-                         require_signature=signature_policy.require, trusted_keys=signature_policy.keys).to_dict()
+        result = install_into(bundle, CacheDir(Path(root)), check_gpu=check_gpu, limits=limits,
+                              signature_policy=signature_policy, asked=True).to_dict()
     except (KernelcacheError, OSError) as exc:
         from .cli import fail
 
@@ -173,7 +190,7 @@ def _env(options: dict, positionals: list[str]) -> bool:
         return False
     from .runtime.served import find_served
 
-    variables = find_served(options.get("--cache-dir"))
+    variables = find_served(_root(options))
     if variables is None:
         from .runtime.env import env
 
@@ -193,22 +210,26 @@ def _env(options: dict, positionals: list[str]) -> bool:
 def _run(options: dict, command: list[str]) -> bool:
     if not command:
         return False
-    bundle, cache_dir = options.get("--bundle"), options.get("--cache-dir")
+    bundle, root = options.get("--bundle"), _root(options)
     from .runtime.served import find_served
 
-    variables = find_served(cache_dir)
+    variables = find_served(root)
     signature_policy = _policy(options) if bundle is not None else None
-    if variables is not None and bundle is not None:
+    asked = variables is not None and bundle is not None
+    if asked:
         from .cachedir.checked import find_checked
 
-        if find_checked(bundle, cache_dir, policy=signature_policy) is None:
+        if find_checked(bundle, root, policy=signature_policy) is None:
             variables = None
-    if variables is None:
-        from .runtime.env import run
+    if variables is None:  # runtime.env.run's work, told whether the bundle's record was asked already
+        if _not_a_dir(root):
+            return False
+        from pathlib import Path
 
-        run(command, bundle, cache_dir, require_signature=signature_policy.require if signature_policy else None,
-            trusted_keys=signature_policy.keys if signature_policy else None)
-        return True  # not reached: run execs the command or raises
+        from .cachedir import CacheDir
+        from .runtime.env import prepare_at
+
+        variables = prepare_at(bundle, CacheDir(Path(root)), False, signature_policy, asked)[1]
     from .runtime.shell import exec_command
 
     exec_command(command, variables)  # a UsageError (not found, not executable): click runs it and says why

@@ -24,7 +24,7 @@ from pathlib import Path
 from .format.cachekey import KEY_PATTERN
 from .format.compilelog import CompileRecord
 from .format.manifest import Kernel, Member, Module
-from .runtime.site.kernelcache_prebuilt import SOURCE_SUFFIX
+from .hooks.kernelcache_prebuilt import SOURCE_SUFFIX
 
 BINARY_SUFFIXES = (".cubin", ".hsaco")
 _ARG = re.compile(r"%([A-Za-z_][\w]*): (!tt\.ptr<([\w]+)>|[a-z]+\d*)")
@@ -153,7 +153,7 @@ def _ir_signature(text: str, name: str) -> dict[str, str] | None:
 def _source_record(key: str, files: list[str]) -> tuple[Member, ...]:
     """``<key>/cuda_utils.source-sha256``: the sha256 of the ``driver.c`` this Triton builds ``cuda_utils`` from, for
     a served process to take the module for its own when its key (from Triton 3.7: the install paths) differs
-    (runtime/site/kernelcache_prebuilt.py). Nothing when the dir has one already or holds no ``cuda_utils``."""
+    (hooks/kernelcache_prebuilt.py). Nothing when the dir has one already or holds no ``cuda_utils``."""
     if [f.split(".")[0] for f in files] != ["cuda_utils"] or any(f.endswith(SOURCE_SUFFIX) for f in files):
         return ()
     source = _driver_source()

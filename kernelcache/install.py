@@ -44,7 +44,7 @@ from pathlib import Path
 
 from .bundle.signature import SignatureInfo, check_file
 from .bundle.trust import NO_POLICY, Policy, policy, signature_path
-from .cachedir import CacheDir, Journal, Receipt, atomic_write, publish_entries, recover, resolve_cache_dir
+from .cachedir import CacheDir, Journal, Receipt, atomic_write, publish_entries, recover
 from .cachedir.checked import bundle_identity, find_checked, remember_checked
 from .cachedir.fingerprints import load_fingerprint, save_fingerprint, save_triton_key, seed_triton_key
 from .cachedir.flashinfer_site import write_site
@@ -186,6 +186,13 @@ def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None 
     """The plan for a bundle file. Its signature (``B.tar.zst.sig``) is checked first: under ``signature_policy``
     an unsigned bundle or one no trusted key signed is refused before anything of it is read. ``signature``: the
     check already made where the file came from (a registry's signature of the manifest that pinned its bytes)."""
+    return plan_install_at(bundle, CacheDir.at(cache_dir), force, check_gpu, limits, signature_policy, signature)
+
+
+def plan_install_at(bundle: str | os.PathLike, cache: CacheDir, force: bool = False, check_gpu: bool = True,
+                    limits: archive.Limits | None = None, signature_policy: Policy = NO_POLICY,
+                    signature: SignatureInfo | None = None) -> InstallPlan:
+    """``plan_install`` into a cache dir already resolved."""
     path = Path(bundle)
     lim = limits or archive.Limits.from_env()
     identity = bundle_identity(path)
@@ -195,8 +202,8 @@ def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None 
     probe = GpuProbe.start() if check_gpu else None  # its child starts while the manifest is read
     try:
         manifest, member = archive.read_manifest_member(path, lim)
-        root = resolve_cache_dir(cache_dir)
-        digest = archive.bundle_digest(manifest, member, known=lambda d: CacheDir(root).receipt_path(d).is_file())
+        root = cache.root
+        digest = archive.bundle_digest(manifest, member, known=lambda d: cache.receipt_path(d).is_file())
         if signature.digest is not None and signature.digest != digest:
             raise SignatureMismatch(f"{path.name}: its signature names bundle {signature.digest[:16]}…, and the file "
                                     f"now holds {digest[:16]}… (it changed while it was read)")
@@ -280,14 +287,12 @@ def environment_here(archs: Iterable[str], cache: CacheDir, manifest: Manifest |
                          key if stable else None)
 
 
-def install_if_present(digest: str, cache_dir: str | os.PathLike | None = None, force: bool = False,
-                       check_gpu: bool = True, source: str = "",
+def install_if_present(digest: str, cache: CacheDir, force: bool = False, check_gpu: bool = True, source: str = "",
                        accept: Callable[[Manifest], None] | None = None,
                        signature: SignatureInfo | None = None) -> InstallResult | None:
-    """The bundle ``digest`` is already installed in ``cache_dir``: check it against this environment
+    """The bundle ``digest`` is already installed in ``cache``: check it against this environment
     (from its receipt's manifest) as an install would, and return the no-op result. ``None``: not there.
     ``signature``: what the check of the bundle's signature found (at its source), for the result."""
-    cache = CacheDir.at(cache_dir)
     receipt = cache.receipt(digest)  # a bad receipt is not found: a real install replaces it
     if receipt is None:
         return None
@@ -318,9 +323,18 @@ def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = Non
     refuse a bundle that no trusted key signed, before anything is downloaded, extracted or published
     (bundle/trust.py). ``--force`` does not override a signature policy.
     """
+    return install_into(bundle, CacheDir.at(cache_dir), force, check_gpu, limits, arch, gpu,
+                        policy(require_signature, trusted_keys))
+
+
+def install_into(bundle: str | os.PathLike, cache: CacheDir, force: bool = False, check_gpu: bool = True,
+                 limits: archive.Limits | None = None, arch: str | None = None, gpu: str | None = None,
+                 signature_policy: Policy = NO_POLICY, asked: bool = False) -> InstallResult:
+    """``install`` into a cache dir already resolved, under a signature policy already read. It alone asks
+    whether this bundle file was checked here before (cachedir/checked.py), unless the caller ``asked`` already
+    (a pod-start front door that asks first to leave the installer unloaded) and had no answer."""
     from .remote import check_target, check_wanted, is_remote, local_bundle
 
-    signature_policy = policy(require_signature, trusted_keys)
     source: str | os.PathLike = bundle
     signature = None
     if str(bundle).startswith("oci://"):
@@ -328,19 +342,19 @@ def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = Non
 
         check_wanted(arch, gpu)  # a bad arch / gpu fails before the registry is asked
         digest, source, signature = resolve_bundle(str(bundle), arch, gpu, signature_policy)
-        result = install_if_present(digest, cache_dir, force, check_gpu, source=str(bundle),
+        result = install_if_present(digest, cache, force, check_gpu, source=str(bundle),
                                     accept=lambda manifest: check_target(manifest, arch, gpu, str(bundle)),
                                     signature=signature)
         if result is not None:
             return result
-    if arch is None and gpu is None and limits is None:
-        found = find_checked(bundle, cache_dir, check_gpu, signature_policy)
+    if arch is None and gpu is None and limits is None and not asked:
+        found = find_checked(bundle, cache.root, check_gpu, signature_policy)
         if found is not None:
             return InstallResult(Path(found.cache_dir), found.digest, "already-installed", warnings=found.warnings,
                                  signature=SignatureInfo.from_dict(found.signature), choices=found.choices)
     with local_bundle(source, arch=arch, gpu=gpu) as path:
         # An oci:// download's bytes are the ones its checked signature names (the pinned manifest's layer digest).
-        plan = plan_install(path, cache_dir, force, check_gpu, limits, signature_policy, signature)
+        plan = plan_install_at(path, cache, force, check_gpu, limits, signature_policy, signature)
         result = plan.execute()
         if not is_remote(source):
             plan.remember()

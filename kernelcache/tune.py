@@ -35,10 +35,10 @@ from .errors import ArchMismatch, CompilesDetected, KernelcacheError, NothingTun
 from .exercise.jobs import exercise
 from .format.archive import bundle_digest, extract, read_manifest, write
 from .format.manifest import AUTOTUNE_SUFFIX, FileRecord, Manifest, Tuning
+from .hooks.kernelcache_autotune import unusable
 from .install import check_choices, plan_install
 from .plan.gpus import PROFILES, GpuProfile, VisibleGpu, stamp, visible_gpus
 from .plan.targets import BuildTarget
-from .runtime.site.kernelcache_autotune import unusable
 from .verify import recorded_plan
 
 

@@ -6,7 +6,7 @@ visible GPU of the arch; behind the fake target otherwise, so CI covers the logi
 ``compile()`` with ``cache_hit=False``, every gcc build of a launcher or ``cuda_utils``, and every file that
 appeared in the cache. Any of those fails the check, except the autotune files Triton's autotuner writes as it
 times candidates on a GPU (vLLM turns its autotune cache on): listed under ``tolerated``. The exercise
-processes take helper modules from the cache as served ones do (runtime/site/kernelcache_prebuilt.py): a
+processes take helper modules from the cache as served ones do (hooks/kernelcache_prebuilt.py): a
 module Triton keys differently for the same source (with Triton >= 3.7 ``cuda_utils``'s key hashes its include
 and library dirs, the Triton install path and the libcuda dir; in 3.6 every key holds what file(1) says of the
 interpreter) is copied from the bundle, and that copy is reported under ``tolerated``. So is, for a bundle
@@ -46,12 +46,12 @@ from .exercise.jobs import exercise
 from .format.archive import read_manifest
 from .format.fingerprint import device_note
 from .format.manifest import AUTOTUNE_SUFFIX, FlashInferModule, Manifest, arch_to_capability
+from .hooks import kernelcache_prebuilt
 from .install import install
 from .plan.gpus import GpuProfile, visible_gpus
 from .plan.recipe import BuildPlan, PlanOverrides, load
 from .plan.targets import BuildTarget, check_paths
 from .plan.tasks import plan_units
-from .runtime.site import kernelcache_prebuilt
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ def build(args: list[str], out: Path, cache: str | None) -> dict:
     return {"wall_s": wall, "load_avg_1m": os.getloadavg()[0], "compiles": sum(t["compiles"] for t in targets),
             "compile_s": sum(t["compile_seconds"] for t in targets),
             "reused": sum(t["build_cache"]["reused"] for t in targets),
+            "units_reused": sum((t["build_cache"].get("units") or {}).get("reused", 0) for t in targets),
             "kernels": [b["kernels"] for t in targets for b in t["bundles"]],
             "bundles": sorted(b["path"] for t in targets for b in t["bundles"])}
 
@@ -149,7 +150,7 @@ def profiles_round(opts, root: Path) -> dict:
     together = build([*base, "--gpu", "h100-sxm", "--gpu", "h200"], root / "together", str(cache))
     apart = [build([*base, "--gpu", gpu], root / gpu, None) for gpu in ("h100-sxm", "h200")]
     separately = {"wall_s": sum(a["wall_s"] for a in apart), "compiles": sum(a["compiles"] for a in apart),
-                  "compile_s": sum(a["compile_s"] for a in apart), "reused": 0,
+                  "compile_s": sum(a["compile_s"] for a in apart), "reused": 0, "units_reused": 0,
                   "kernels": [k for a in apart for k in a["kernels"]]}
     return {"together": together, "separately": separately}
 
@@ -168,7 +169,8 @@ def cache_scenarios(opts, root: Path) -> tuple[list[dict], list[str]]:
         if "profiles" in wanted:
             found.update(profiles_round(opts, root))
         rounds.append(found)
-        print(json.dumps({k: {f: v[f] for f in ("wall_s", "compiles", "reused")} for k, v in found.items()}),
+        print(json.dumps({k: {f: v[f] for f in ("wall_s", "compiles", "reused", "units_reused")}
+                          for k, v in found.items()}),
               file=sys.stderr, flush=True)
     table = [f"| build | wall (median of {opts.repeat}) | compiles | reused from the build cache | vs. cold |",
              "| --- | --- | --- | --- | --- |"]

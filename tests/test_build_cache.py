@@ -23,7 +23,6 @@ from helpers.common import ROOT, TESTKERNELS, clean_env, kc
 import kernelcache
 from kernelcache.buildcache import entry as blobs
 from kernelcache.buildcache.store import DirStore
-from kernelcache.exercise.listener import read as read_log
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
@@ -64,17 +63,18 @@ def bundle_bytes(result) -> list[bytes]:
     return [b.path.read_bytes() for b in result.bundles]
 
 
-def logged(tmp_path: Path, name: str, event: str) -> list[dict]:
-    return [r for log in sorted((tmp_path / name / "work").rglob("compiles.jsonl")) for r in read_log(str(log))
-            if r.get("event", "compile") == event]
-
-
-def stored(cache: Path) -> dict[str, list[Path]]:
-    """Key -> its blobs in a build-cache directory."""
+def stored(cache: Path, kinds=("kernel", "module")) -> dict[str, list[Path]]:
+    """Key -> its blobs in a build-cache directory, for the entries of ``kinds``."""
     found: dict[str, list[Path]] = {}
     for blob in DirStore(cache).blobs():
-        found.setdefault(blob.key, []).append(blob.path)
+        if blobs.unpack(blob.path.read_bytes(), blob.key)[0].kind in kinds:
+            found.setdefault(blob.key, []).append(blob.path)
     return found
+
+
+def ran(tmp_path: Path, name: str) -> list[str]:
+    """The units whose exercise process ran in build ``name`` (a restored unit leaves no worker log)."""
+    return sorted(p.parent.name for p in (tmp_path / name / "work").rglob("worker.log"))
 
 
 @pytest.fixture(scope="module")
@@ -97,12 +97,13 @@ def test_a_warm_build_compiles_nothing_and_writes_the_bundle_a_build_without_the
     modules = len(reference.bundles[0].manifest.modules)
     assert cold.compiles == only(reference).compiles and cold.build_cache.reused == 0
     assert cold.build_cache.published == kernels + modules == len(stored(cache))
+    assert cold.build_cache.units.kept == 1 and ran(tmp_path, "cold") == ["extra"]
     warm_result = build(tmp_path, "warm", str(cache))
     warm = only(warm_result)
     assert warm.compiles == 0 and warm.build_cache.published == 0
     assert (warm.build_cache.reused, warm.build_cache.reused_modules) == (kernels, modules)
-    assert not logged(tmp_path, "warm", "gcc")  # the launchers and cuda_utils came from the cache too
-    assert logged(tmp_path, "cold", "gcc")
+    assert ran(tmp_path, "warm") == []  # no exercise process: the unit's record brought its outputs
+    assert warm.build_cache.units.reused == 1 and warm.build_cache.units.kept == 0
     assert warm.coverage == cold.coverage == only(reference).coverage
     assert bundle_bytes(warm_result) == bundle_bytes(reference)
     assert [p.read_bytes() for p in build_outputs(tmp_path, "cold")] == bundle_bytes(reference)
@@ -223,7 +224,9 @@ def test_runners_sharing_a_file_url_compile_each_kernel_once(reference, tmp_path
     second = only(second_result)
     assert first.compiles > 0 and second.compiles == 0 and second.build_cache.reused == first.compiles
     assert bundle_bytes(second_result) == bundle_bytes(reference)
-    assert len(list((tmp_path / "shared" / "v1").glob("??/*/*.tar.zst"))) == first.build_cache.published
+    kept = first.build_cache.units.kept  # the unit's exercise record, beside the kernels and modules
+    assert len(list((tmp_path / "shared" / "v1").glob("??/*/*.tar.zst"))) == first.build_cache.published + kept == \
+        first.build_cache.published + 1
 
 
 def test_runners_sharing_a_registry_compile_each_kernel_once(reference, tmp_path):
@@ -238,7 +241,7 @@ def test_runners_sharing_a_registry_compile_each_kernel_once(reference, tmp_path
         tags = json.loads(reg.get("/v2/team/kernel-build-cache/tags/list"))["tags"]
     assert first.compiles > 0 and first.build_cache.errors == ()
     assert second.compiles == 0 and second.build_cache.reused == first.compiles
-    assert len(tags) == first.build_cache.published
+    assert len(tags) == first.build_cache.published + first.build_cache.units.kept == first.build_cache.published + 1
     assert bundle_bytes(second_result) == bundle_bytes(reference)
 
 

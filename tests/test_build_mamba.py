@@ -75,7 +75,7 @@ def probe(bundle: Path, cache: Path, config: dict, rounds: int, entry: str = "")
 def test_the_server_path_and_what_was_substituted(mamba_build):
     _, summary = mamba_build
     assert (summary["ssu_backend"], summary["chunk_size"]) == ("triton", 128)
-    assert summary["norm"] == "forward_native (torch)"  # n_groups 8: mamba_mixer2.py:181
+    assert summary["norm"] == "forward_native (torch)"  # n_groups 8: Mixer2RMSNormGated.forward_cuda
     assert summary["ssm_state"]["dtype"] == "float32" and summary["conv_state"]["dtype"] == "bfloat16"
     assert set(summary["calls"]) == {"profile", "decode", "prefill", "mixed"} and summary["calls"]["profile"] == 1
     substituted = summary["substitutions"]

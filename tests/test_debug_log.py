@@ -110,7 +110,7 @@ def test_without_the_variable_nothing_is_said(cache, value):
 
 
 def test_the_pod_start_path_imports_the_log_only_when_asked(cache):
-    watched = ("kernelcache.runtime.site.kernelcache_tritonkey",)
+    watched = ("kernelcache.hooks.kernelcache_tritonkey",)
     entry_point("env", "--cache-dir", str(cache), "--json", watched=watched)  # the record: the next is the fast path
     quiet, done = entry_point("env", "--cache-dir", str(cache), "--json", watched=watched)
     assert quiet == {"exit": 0, "imported": []} and "kernelcache[" not in done.stderr

@@ -4,6 +4,7 @@ their own, and modules import along the pipeline only."""
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 import sys
 from pathlib import Path
@@ -35,9 +36,9 @@ LAYERS = (
     # The ground floor, read by every stage and importing none: the errors, the version, the bundle format with the
     # vocabulary every stage reads (format/: manifest, canonical JSON, archive, fingerprint, environment key and scan,
     # Triton identity, cache-key pattern, compile-log records), and the hooks that run inside a served interpreter
-    # (runtime/site/, from kernelcache's site dir on PYTHONPATH: standard library only, as
+    # (hooks/, kernelcache's site dir on PYTHONPATH: standard library only, as
     # test_the_shared_site_modules_need_only_the_standard_library checks).
-    ("ground", ("kernelcache.errors", "kernelcache.version", "kernelcache.format", "kernelcache.runtime.site")),
+    ("ground", ("kernelcache.errors", "kernelcache.version", "kernelcache.format", "kernelcache.hooks")),
     ("plan", ("kernelcache.plan",)),
     ("exercise", ("kernelcache.exercise",)),
     ("harvest", ("kernelcache.harvest",)),
@@ -63,7 +64,7 @@ def module_name(path: Path) -> str:
 
 
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in (ROOT / "kernelcache").rglob("*.py") if "site" not in p.parts}
+    return {module_name(p): p for p in (ROOT / "kernelcache").rglob("*.py")}
 
 
 def imports(name: str, path: Path, known: set[str]) -> set[str]:
@@ -80,7 +81,7 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
             found |= {f"{target}.{a.name}" if f"{target}.{a.name}" in known else target for a in node.names}
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
-    return {m for m in found if m.startswith("kernelcache") and m != name}
+    return {m for m in found if (m == FACE or m.startswith(FACE + ".")) and m != name}
 
 
 def graph() -> dict[str, set[str]]:
@@ -104,15 +105,34 @@ def test_stages_import_the_ground_floor_and_lower_stages_only():
     assert not upward, "\n".join(upward)
 
 
+SITE = ROOT / "kernelcache" / "hooks"
+
+
 @pytest.mark.parametrize("module", ["kernelcache_tritonkey", "kernelcache_outputs", "kernelcache_prebuilt",
-                                    "kernelcache_autotune", "kernelcache_walks"])
+                                    "kernelcache_autotune", "kernelcache_walks", "kernelcache_records"])
 def test_the_shared_site_modules_need_only_the_standard_library(module):
     """They run in every served process, from the site dir alone: the standard library and each other."""
-    site = ROOT / "kernelcache" / "runtime" / "site"
-    siblings = {"kernelcache_tritonkey", "kernelcache_outputs", "kernelcache_prebuilt", "kernelcache_autotune",
-                "kernelcache_walks"}
+    found = site_imports(module)
+    assert found - {"__future__"}  # the walk saw its imports
+    assert found <= set(sys.stdlib_module_names) | {"__future__"} | siblings(), found
+
+
+@pytest.mark.parametrize("module", ["sitecustomize", "kernelcache_overlay", "kernelcache_listener"])
+def test_the_triton_hooks_need_only_the_standard_library_and_triton(module):
+    """The hooks that attach to Triton in a served or captured process need nothing of kernelcache but the site dir."""
+    found = site_imports(module)
+    assert "triton" in found or module == "sitecustomize"
+    assert found <= set(sys.stdlib_module_names) | {"__future__", "triton"} | siblings(), found
+
+
+def siblings() -> set[str]:
+    return {p.stem for p in SITE.glob("*.py")} - {"sitecustomize"}
+
+
+def site_imports(module: str) -> set[str]:
+    """The top-level names a module of the site dir imports (``from . import x``: its sibling x)."""
     found = set()
-    for node in ast.walk(ast.parse((site / f"{module}.py").read_text())):
+    for node in ast.walk(ast.parse((SITE / f"{module}.py").read_text())):
         if isinstance(node, ast.Import):
             found |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level:  # from . import sibling
@@ -120,8 +140,7 @@ def test_the_shared_site_modules_need_only_the_standard_library(module):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             found |= {(node.module or "").split(".")[0]}
-    assert found - {"__future__"}  # the walk saw its imports
-    assert found <= set(sys.stdlib_module_names) | {"__future__"} | siblings, found
+    return found
 
 
 def test_there_is_no_import_circle():
@@ -141,3 +160,75 @@ def test_there_is_no_import_circle():
     for name in sorted(edges):
         if name not in seen:
             visit(name, [name])
+
+
+# -- the floors, drawn by folder ----------------------------------------------------------------------------------
+
+
+def room(name: str) -> str:
+    """The room a module stands in when the house is drawn by folder: its top-level folder or module."""
+    return ".".join(name.split(".")[:2])
+
+
+def rooms() -> dict[str, set[str]]:
+    """Room -> the rooms its modules import (its own left out)."""
+    found: dict[str, set[str]] = {}
+    for name, targets in graph().items():
+        found.setdefault(room(name), set()).update(room(t) for t in targets if room(t) != room(name))
+    return found
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The rooms that import each other in a loop (strongly connected, more than one room), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(edges.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            members = []
+            while not members or members[-1] != node:
+                members.append(stack.pop())
+            if len(members) > 1:
+                found.append(sorted(members))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def arrows_back_up(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The fewest arrows that, taken out, leave no circle: those that run back up however the rooms are stacked
+    in floors (tried one and two at a time; more than two come back as every arrow inside a circle)."""
+    inside = [(a, b) for group in circles(edges) for a in group for b in sorted(edges[a]) if b in group]
+    for count in (1, 2):
+        for taken in itertools.combinations(inside, count):
+            rest = {a: {b for b in targets if (a, b) not in taken} for a, targets in edges.items()}
+            if not circles(rest):
+                return list(taken)
+    return inside
+
+
+def test_drawn_by_folder_at_most_one_arrow_runs_back_up():
+    """The served process's hooks stand on the ground floor, so a stage that reads them imports down; the one
+    arrow that may run back up is the hook that records a captured command's compiles with the exercise's
+    listener."""
+    up = arrows_back_up(rooms())
+    assert len(up) <= 1, up
+
+
+def test_drawn_by_folder_no_circle_is_left_once_that_arrow_is_out():
+    edges = rooms()
+    up = set(arrows_back_up(edges))
+    rest = {a: {b for b in targets if (a, b) not in up} for a, targets in edges.items()}
+    assert not circles(rest), circles(rest)

@@ -49,7 +49,7 @@ def test_the_wheel_holds_the_committed_package_and_its_data_only(artifacts):
     (sdist, wheel), _ = artifacts
     committed = set(git("ls-tree", "-r", "--name-only", "HEAD", "kernelcache").split())
     assert {"kernelcache/recipes/vllm-sampler.toml", "kernelcache/recipes/models/qwen3-30b-a3b.toml",
-            "kernelcache/runtime/site/kernelcache_prebuilt.py"} <= committed
+            "kernelcache/hooks/kernelcache_prebuilt.py"} <= committed
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
     info = f"kernelcache-{kernelcache.__version__}.dist-info/"

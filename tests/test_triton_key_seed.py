@@ -21,7 +21,7 @@ from helpers.common import ROOT, SERVED, clean_env, kc
 
 from kernelcache.runtime.site import kernelcache_tritonkey as tk
 
-SITE = ROOT / "kernelcache" / "runtime" / "site"
+SITE = ROOT / "kernelcache" / "hooks"
 
 
 def fake_triton(root: Path) -> types.SimpleNamespace:

@@ -112,34 +112,54 @@ def _check_dir(root: Path) -> None:
 
 
 @dataclass(frozen=True)
+class RecordCounts:
+    """What one target did with exercise records (buildcache/exercises.py)."""
+
+    reused: int = 0  # units whose exercise process did not run: their record was restored
+    kept: int = 0  # units run and recorded for the next build
+    not_kept: str | None = None  # why this target's units were not recorded (None: they were, or none ran)
+    errors: tuple[str, ...] = field(default_factory=tuple)
+    kernels: int = 0  # kernels the restored units' records brought from the build cache
+    modules: int = 0  # gcc-built helper modules they brought
+
+    def to_dict(self) -> dict:
+        return {"reused": self.reused, "kept": self.kept, "not_kept": self.not_kept, "errors": list(self.errors)}
+
+
+@dataclass(frozen=True)
 class BuildCacheCounts:
     """What one build target's exercise processes did with the build cache (their ``build_cache`` log events)."""
 
     location: str | None = None  # None: the target was built without a build cache
-    reused: int = 0  # kernels taken from the build cache instead of compiled
+    reused: int = 0  # kernels taken from the build cache (or another target of this build) instead of compiled
     reused_modules: int = 0  # gcc-built helper modules (launchers, cuda_utils) taken from it
     published: int = 0  # entries this target compiled and wrote to it
     corrupt: int = 0  # entries found that failed their check: compiled again and written anew
     foreign: int = 0  # entries whose files embed paths of another install: compiled here, not reused
     errors: tuple[str, ...] = field(default_factory=tuple)  # store failures (the build went on without it)
     flashinfer: str | None = None  # FlashInfer's module: "reused", "published", "corrupt" (built again); None: none
+    units: RecordCounts | None = None  # exercise records (buildcache/exercises.py); None: the build kept none
 
     @classmethod
-    def of(cls, location: str | None, events: tuple[dict, ...], flashinfer: str | None = None) -> BuildCacheCounts:
-        """From the exercise processes' ``build_cache`` log records, and what FlashInfer's module did
-        (buildcache/flashinfer.py ``take_or_build``)."""
+    def of(cls, location: str | None, events: tuple[dict, ...], flashinfer: str | None = None,
+           units: RecordCounts | None = None) -> BuildCacheCounts:
+        """From the ``build_cache`` log records of the exercise processes that ran, what FlashInfer's module did
+        (buildcache/flashinfer.py ``take_or_build``), and what the exercise records did."""
         seen = {(e.get("outcome"), e.get("kind"), e.get("key")) for e in events}
         counts = Counter((outcome, kind) for outcome, kind, _ in seen)
         errors = {str(e.get("detail")) for e in events if e.get("outcome") == "error"}
         if flashinfer and flashinfer.startswith("error: "):
             errors.add(f"FlashInfer's module: {flashinfer.removeprefix('error: ')}")
-        return cls(location, counts[("hit", "kernel")], counts[("hit", "module")],
+        restored = units or RecordCounts()
+        errors.update(f"exercise records: {e}" for e in restored.errors)
+        return cls(location, counts[("hit", "kernel")] + restored.kernels, counts[("hit", "module")] + restored.modules,
                    sum(n for (outcome, _), n in counts.items() if outcome == "published"),
                    sum(n for (outcome, _), n in counts.items() if outcome == "corrupt"),
                    sum(n for (outcome, _), n in counts.items() if outcome == "foreign"), tuple(sorted(errors)),
-                   flashinfer.split(":")[0] if flashinfer else None)
+                   flashinfer.split(":")[0] if flashinfer else None, units)
 
     def to_dict(self) -> dict:
         return {"location": self.location, "reused": self.reused, "reused_modules": self.reused_modules,
                 "published": self.published, "corrupt": self.corrupt, "foreign": self.foreign,
-                "errors": list(self.errors), "flashinfer": self.flashinfer}
+                "errors": list(self.errors), "flashinfer": self.flashinfer,
+                "units": self.units.to_dict() if self.units else None}

@@ -14,6 +14,8 @@ adding:
 * ``get_file(name.so)`` (``triton.runtime.build`` looking for a launcher or ``cuda_utils``): the same for a
   helper module.
 * ``put_group`` (a kernel compiled) and ``put`` of a ``.so`` (a module built): published to the build cache.
+* ``get_file(name.so)`` answered by the directory itself: logged as ``present``, so the unit's exercise record
+  (buildcache/exercises.py) names every helper module the unit used.
 
 Overrides and dumps (``override=True``, ``dump=True``) are left to ``FileCacheManager``. A build cache that
 fails (unreachable, full) never fails the build: the kernel is compiled, and the failure is logged. Every
@@ -51,7 +53,9 @@ class BuildCacheManager(FileCacheManager):
 
     def get_file(self, filename: str):
         found = super().get_file(filename)
-        if found is None and self.shared and _is_module(filename) and _restore(self, "module", filename):
+        if found is not None and self.shared and _is_module(filename):
+            _log(self.key, "present", "module")  # the unit used it: its exercise record names it
+        elif found is None and self.shared and _is_module(filename) and _restore(self, "module", filename):
             found = super().get_file(filename)
         return found
 

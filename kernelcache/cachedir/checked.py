@@ -39,8 +39,9 @@ from collections import namedtuple
 
 from ..bundle.trust import NO_POLICY, key_fingerprints, signature_path
 from ..format.envscan import gpu_witness, key_digest, scan_key
+from ..hooks.kernelcache_records import SAME_FILE, stamp
 from ..version import __version__
-from .layout import STATE_DIR, cache_root, keep_newest, unfinished
+from .layout import STATE_DIR, keep_newest, unfinished
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,13 +53,8 @@ KEEP = 16
 
 def bundle_identity(path: str | os.PathLike) -> list[int] | None:
     """(device, inode, size, mtime_ns, ctime_ns) of a regular file; None for anything else."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    if not os.path.isfile(path):
-        return None
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    found = stamp(path, SAME_FILE)
+    return found if found is not None and os.path.isfile(path) else None
 
 
 def _record_path(root: str, bundle: str) -> str:
@@ -96,13 +92,15 @@ def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[
         keep_newest(str(path.parent), KEEP)
 
 
-def find_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None,
-                 check_gpu: bool = True, policy=NO_POLICY) -> Checked | None:
-    """The no-op answer when ``bundle`` is installed in ``cache_dir`` and was accepted under the state and the
-    signature ``policy`` (bundle/trust.py) that hold now; None whenever the full install path must decide."""
+def find_checked(bundle: str | os.PathLike, root: str | os.PathLike, check_gpu: bool = True,
+                 policy=NO_POLICY) -> Checked | None:
+    """The no-op answer when ``bundle`` is installed in the cache dir ``root`` (as resolved once: ``cache_root``,
+    ``CacheDir.root``) and was accepted under the state and the signature ``policy`` (bundle/trust.py) that hold
+    now; None whenever the full install path must decide. The installer asks it (install.py ``install``, and the
+    pod-start front doors that would otherwise load the installer: entry.py, runtime/env.py), once a command."""
     if "://" in os.fspath(bundle):
         return None
-    root = cache_root(cache_dir)
+    root = os.fspath(root)
     try:
         with open(_record_path(root, os.fspath(bundle)), "rb") as handle:
             record = json.loads(handle.read())

@@ -11,9 +11,9 @@ A record that cannot be read is ignored; the newest ``KEEP`` are kept.
 
 ``<cache>/.kernelcache/triton-keys/`` keeps, beside them, the ``triton_key()`` value itself, which a served
 process takes instead of hashing libtriton.so again while Triton's files are unchanged
-(runtime/site/kernelcache_tritonkey.py, the only reader), and what Triton's tool queries (``ptxas --version``,
+(hooks/kernelcache_tritonkey.py, the only reader), and what Triton's tool queries (``ptxas --version``,
 ``ldconfig -p``) print, which served processes take instead of running them while their files hold
-(runtime/site/kernelcache_outputs.py).
+(hooks/kernelcache_outputs.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from pathlib import Path
 
 from ..format.envkey import EnvironmentKey, KnownEnvironment
 from ..format.envscan import package_dir
-from ..runtime.site import kernelcache_outputs, kernelcache_tritonkey
+from ..hooks import kernelcache_outputs, kernelcache_tritonkey
+from .layout import keep_newest
 from .publish import atomic_write
 from .state import CacheDir
 
@@ -53,13 +54,7 @@ def save_fingerprint(cache: CacheDir, known: KnownEnvironment) -> None:
     with contextlib.suppress(OSError):
         folder.mkdir(exist_ok=True)
         atomic_write(folder / f"{known.key.digest}.json", known.to_json().encode())
-        _prune(folder)
-
-
-def _prune(folder: Path) -> None:
-    records = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-    for stale in records[KEEP:]:
-        stale.unlink(missing_ok=True)
+        keep_newest(os.fspath(folder), KEEP)
 
 
 def save_triton_key(cache: CacheDir, key: EnvironmentKey, known: str | None = None) -> None:

@@ -137,7 +137,7 @@ def _sha256(path: Path) -> str:
 # -- the generated site dir -------------------------------------------------------------------------
 
 
-# The debug log's line (KERNELCACHE_DEBUG, runtime/site/kernelcache_tritonkey.say) when FlashInfer asks a provider.
+# The debug log's line (KERNELCACHE_DEBUG, hooks/kernelcache_tritonkey.say) when FlashInfer asks a provider.
 _SAY = """
 
 def _say(provider):

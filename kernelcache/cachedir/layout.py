@@ -63,22 +63,27 @@ def _names(directory: str) -> list[str]:
 def kept_records(root: str, sub: str) -> list[tuple[str, float]]:
     """(path, mtime) of each ``*.json`` record under ``<root>/.kernelcache/<sub>/`` (``served``, ``checked``),
     newest first."""
-    folder = os.path.join(root, STATE_DIR, sub)
-    found = []
-    for name in _names(folder):
-        if name.endswith(".json") and not name.startswith("."):
-            try:
-                found.append((os.path.join(folder, name), os.stat(os.path.join(folder, name)).st_mtime))
-            except OSError:  # removed meanwhile
-                continue
-    return sorted(found, key=lambda item: item[1], reverse=True)
+    return [(path, st.st_mtime) for path, st in _records(os.path.join(root, STATE_DIR, sub))]
 
 
 def keep_newest(folder: str, keep: int) -> None:
-    """Remove all but the ``keep`` newest ``*.json`` records of ``folder`` (by mtime)."""
-    names = [os.path.join(folder, n) for n in _names(folder) if n.endswith(".json")]
-    for stale in sorted(names, key=os.path.getmtime, reverse=True)[keep:]:
+    """Remove all but the ``keep`` newest ``*.json`` records of ``folder`` (by mtime): every kept-record folder of a
+    cache dir (``fingerprints``, ``checked``, ``served``) is pruned by this."""
+    for stale, _ in _records(folder)[keep:]:
         try:
             os.unlink(stale)
         except FileNotFoundError:  # another process pruned it first
             continue
+
+
+def _records(folder: str) -> list[tuple[str, os.stat_result]]:
+    """(path, stat) of each ``*.json`` record of ``folder``, newest first; dot names (an ``atomic_write`` in progress)
+    and records removed meanwhile are left out."""
+    found = []
+    for name in _names(folder):
+        if name.endswith(".json") and not name.startswith("."):
+            try:
+                found.append((os.path.join(folder, name), os.stat(os.path.join(folder, name))))
+            except OSError:  # removed meanwhile
+                continue
+    return sorted(found, key=lambda item: item[1].st_mtime_ns, reverse=True)

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import StorageError
-from ..runtime.site.kernelcache_autotune import SUFFIX as AUTOTUNE_SUFFIX
-from ..runtime.site.kernelcache_prebuilt import SOURCE_SUFFIX
+from ..hooks.kernelcache_autotune import SUFFIX as AUTOTUNE_SUFFIX
+from ..hooks.kernelcache_prebuilt import SOURCE_SUFFIX
 from .layout import SWEPT, unfinished
 from .state import REMOVAL_SUFFIX, CacheDir, Receipt
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BundleManifestError, StorageError, UsageError
+from ..hooks.kernelcache_records import append_line
 from .layout import STATE_DIR, cache_root, default_cache_root
 
 if TYPE_CHECKING:  # parsed only where a receipt is read: `env` on every pod start needs no manifest classes
@@ -190,7 +191,7 @@ class CacheDir:
 
     @property
     def triton_keys(self) -> Path:
-        """Kept ``triton_key()`` values: cachedir/fingerprints.py writes, runtime/site/kernelcache_tritonkey reads."""
+        """Kept ``triton_key()`` values: cachedir/fingerprints.py writes, hooks/kernelcache_tritonkey reads."""
         return self.state / "triton-keys"
 
     def ensure_state(self) -> Path:
@@ -296,5 +297,4 @@ class CacheDir:
         return sorted((self.state / "journal").glob("*.json"))
 
     def log(self, record: dict) -> None:
-        with open(self.state / "log.jsonl", "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        append_line(self.state / "log.jsonl", record)

@@ -14,9 +14,9 @@ Schemas follow the calls in vllm/_custom_ops.py of the installed vLLM (0.33.0), 
 vLLM's csrc/moe/torch_bindings.cpp (``_moe_C``) and csrc/torch_bindings.cpp (``_C``).
 
 Import-time shims: ``vllm.vllm_flash_attn`` raises ImportError without its FA extensions, and
-``vllm/v1/attention/backends/fa_utils.py:24`` imports it unconditionally on CUDA (reached from
+``vllm.v1.attention.backends.fa_utils`` imports it unconditionally on CUDA (reached from
 fused_moe/utils.py through model_executor/models/utils.py); ``einops`` is imported at module level by
-``vllm/v1/attention/ops/vit_attn_wrappers.py:16`` on the same chain. Neither is called on the MoE path:
+``vllm.v1.attention.ops.vit_attn_wrappers`` on the same chain. Neither is called on the MoE path:
 they are replaced, only when the import fails, by modules whose functions raise when called.
 """
 

@@ -9,15 +9,18 @@ Ctrl-C or SIGTERM stops every running process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from ..errors import BuildFailed
 from ..format.compilelog import ExerciseLog
@@ -67,6 +70,13 @@ class ExerciseRun:
     results: tuple[WorkerResult, ...]
     log: ExerciseLog
     tasks: int = 0
+    jobs: tuple[tuple[Path, Job], ...] = ()  # each unit's job dir and job, in plan order
+    restored: frozenset[Path] = frozenset()  # job dirs of the units ``reuse`` restored instead of running them
+
+    def ran_log(self) -> ExerciseLog:
+        """The log of the units that ran in this build (a restored unit's log tells of an earlier build's work)."""
+        return ExerciseLog.read(job.compile_log for job_dir, job in sorted(self.jobs, key=lambda u: str(u[0]))
+                                if job_dir not in self.restored)
 
 
 def _jobs(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: int,
@@ -152,7 +162,8 @@ def run_job(job_dir: Path, job: Job) -> WorkerResult:
 _children: set[subprocess.Popen] = set()  # running exercise processes, stopped when the build is interrupted
 
 
-def _stop_children() -> None:
+def stop_exercises() -> None:
+    """Stop every running exercise process (a build that failed or was interrupted)."""
     for child in list(_children):
         child.terminate()
 
@@ -164,38 +175,72 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
+class UnitReuse(Protocol):
+    """What a build may do instead of running a unit (buildcache/exercises.py ``UnitRecords``)."""
+
+    def reuse(self, job_dir: Path, job: Job) -> bool:
+        """Write the unit's log, result and cache entries into ``job_dir`` and its cache dir; True when it did."""
+
+    def ran(self, job_dir: Path, job: Job, ok: bool) -> None:
+        """The unit ran in ``job_dir`` (``ok``: its process succeeded)."""
+
+
 def exercise(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: int,
              extra_tasks: tuple[Task, ...] = (), progress=None, served: bool = False, tune: bool = False,
-             variables: dict[str, str] | None = None) -> ExerciseRun:
+             variables: dict[str, str] | None = None, reuse: UnitReuse | None = None,
+             slots: threading.Semaphore | None = None) -> ExerciseRun:
     """Run the plan's paths for one target into ``cache``, ``jobs`` processes at a time (``served``: an installed
     cache, which Triton's gcc step may take helper modules from, as in a served process; ``tune``: the autotuner's
-    timings and disk lookups logged; ``variables``: more environment for the exercise processes)."""
+    timings and disk lookups logged; ``variables``: more environment for the exercise processes; ``reuse``: asked
+    before each unit runs whether it can write the unit's outputs instead; ``slots``: shared by the targets of one
+    build, at most that many exercise processes at once in all of them)."""
     units = _jobs(plan, target, work, cache, jobs, extra_tasks, served, tune, variables)
-    results = _run_jobs(units, target, jobs, progress)
     cache.mkdir(parents=True, exist_ok=True)  # also when the plan has no Triton path (FlashInfer only)
+    outcomes = _run_jobs(units, target, jobs, progress, reuse, slots)
     log = ExerciseLog.read(job.compile_log for _, _, job in sorted(units, key=lambda u: str(u[1])))
-    return ExerciseRun(tuple(results), log, sum(len(job.tasks) for _, _, job in units))
+    restored = frozenset(job_dir for (_, job_dir, _), (_, reused) in zip(units, outcomes) if reused)
+    return ExerciseRun(tuple(result for result, _ in outcomes), log, sum(len(job.tasks) for _, _, job in units),
+                       tuple((job_dir, job) for _, job_dir, job in units), restored)
 
 
-def _run_jobs(units, target: BuildTarget, jobs: int, progress) -> list[WorkerResult]:
+def _run_jobs(units, target: BuildTarget, jobs: int, progress, reuse: UnitReuse | None = None,
+              slots: threading.Semaphore | None = None) -> list[tuple[WorkerResult, bool]]:
+    """(result, restored) per unit, in ``units``' order. The model's layers start first: they sweep every token
+    count and take longest, so the vocab units fill the other processes meanwhile."""
     done = 0
     if progress:
         progress(target.label, done, len(units))
-    results = []
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(run_job, job_dir, job) for _, job_dir, job in units]
+    order = sorted(range(len(units)), key=lambda i: units[i][0] not in ("model", "extra"))
+    results: dict[int, tuple[WorkerResult, bool]] = {}
+    with ThreadPoolExecutor(max_workers=len(units) if slots else max(1, jobs)) as pool:
+        futures = {pool.submit(_run_unit, units[i][1], units[i][2], reuse, slots): i for i in order}
         try:
-            for future in futures:
-                results.append(future.result())
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
                 done += 1
                 if progress:
                     progress(target.label, done, len(units))
         except BaseException:
             for f in futures:
                 f.cancel()
-            _stop_children()
+            stop_exercises()
             raise
-    return results
+    return [results[i] for i in range(len(units))]
+
+
+def _run_unit(job_dir: Path, job: Job, reuse: UnitReuse | None,
+              slots: threading.Semaphore | None) -> tuple[WorkerResult, bool]:
+    if reuse is not None and reuse.reuse(job_dir, job):
+        return WorkerResult.read(job_dir / "job.json.result"), True
+    ok = False
+    try:
+        with slots or contextlib.nullcontext():
+            result = run_job(job_dir, job)
+        ok = True
+    finally:
+        if reuse is not None:
+            reuse.ran(job_dir, job, ok)
+    return result, False
 
 
 def flashinfer_build_env(target: BuildTarget, build: bool = True) -> dict[str, str]:

@@ -1,66 +1,17 @@
 """Drive vLLM 0.33's Triton attention backend (``TRITON_ATTN``) so a build holds every key a server asks for.
 
-One exercise task (see exercise/worker.py), ``attention``. What a server started with
-``--attention-backend TRITON_ATTN`` runs for each decoder attention layer, in vLLM 0.33:
+One exercise task (see exercise/worker.py), ``attention``. It builds one decoder attention layer as a server
+started with ``--attention-backend TRITON_ATTN`` does (``Attention`` with ``TritonAttentionImpl``, the KV cache
+viewed by ``create_kv_cache_views``, Model Runner V2's block table) inside a real ``VllmConfig``, and steps it
+through CUDA-graph capture, decode, short-query, prefill and mixed batches of every request count, once per
+sliding window. Each step mirrors ``build_attn_metadata`` -> ``TritonAttentionMetadataBuilder.build`` ->
+``triton_reshape_and_cache_flash`` + ``unified_attention`` (2D, or 3D + ``reduce_segments``).
 
-* the model builds ``Attention`` (model_executor/layers/attention/attention.py:229) with the backend the
-  selector returns, ``TritonAttentionBackend``; its ``TritonAttentionImpl`` (v1/attention/backends/
-  triton_attn.py:409) holds the per-rank heads, the sliding window as ``(window - 1, 0)`` and the KV-cache
-  dtype; ``process_weights_after_loading`` sets the k/v scales (1.0 without a quantized checkpoint);
-* the KV cache is one int8 allocation viewed per layer as ``[blocks, kv_heads, block_size, 2 * head_size]``
-  in the layout the engine resolves (v1/worker/utils.py:564 ``allocate_kv_cache`` ->
-  v1/kv_cache_interface.py:418 ``create_kv_cache_views``); the block table is Model Runner V2's
-  ``[max_num_seqs, width]`` int32 buffer, ``width`` = ``cdiv(max_model_len, block_size)`` aligned to 128
-  tokens (v1/worker/gpu/model_runner.py:645-674);
-* each step Model Runner V2 fills a ``CommonAttentionMetadata`` (v1/worker/gpu/attn_utils.py:527) and the
-  builder ``TritonAttentionMetadataBuilder.build`` (triton_attn.py:245) -- ``build_for_cudagraph_capture``
-  at capture, with ``seq_lens`` 1 -- then ``Attention.forward`` calls ``unified_kv_cache_update`` ->
-  ``do_kv_cache_update`` -> ``triton_reshape_and_cache_flash`` (``reshape_and_cache_kernel_flash``,
-  ops/triton_reshape_and_cache_flash.py:377) and ``unified_attention_with_output`` -> ``impl.forward`` ->
-  ``unified_attention`` (ops/triton_unified_attention.py:828): ``kernel_unified_attention`` in 2D, or in 3D
-  followed by ``reduce_segments``.
-
-What specialises the keys (ops/triton_unified_attention.py:958-1230): the 2D/3D decision -- 3D when the
-batch is causal with ``max_seqlen_q <= 8`` (``MAX_3D_QUERY_LEN``), ``num_seqs * cdiv(max_seqlen_q,
-BLOCK_Q) <= seq_threshold_3D`` and the split-K scratch holds every query token. ``seq_threshold_3D`` is
-``128 // kv_heads`` (per rank), moved to the nearest CUDA-graph capture size when full CUDA graphs are on
-(triton_attn.py:140-158: it depends on the capture sizes, hence on ``max_num_seqs`` and
-``max_num_batched_tokens``, not on the SM count); the scratch has ``min(threshold, max_num_seqs)`` rows. 2D
-and 3D differ in ``IS_3D``, ``TILE_SIZE`` (prefill tile 32, decode tile 16 for 2-byte queries, 32 for fp8;
-Gemma3's window 1024 gives 32), ``NUM_SEGMENTS_PER_SEQ`` (1 / 16) and the None-ness of the three scratch
-pointers. ``num_seqs`` is an ``int32`` argument of both kernels, so its ``== 1`` / ``% 16`` class is in the
-key; the other ints are strides fixed by the config (the block-table width, the q/k/v row strides, the KV
-cache strides). The cache write has no batch-dependent argument but its strides and ``FP8_KV_CACHE``.
-
-This task runs, on one layer built as above: CUDA-graph capture of every uniform-decode capture size up to
-``max_num_seqs``; uniform decode batches of every size 1..``max_num_seqs`` (unpadded, as eager and piecewise
-steps run them); short-query batches (2..8 tokens per request: chunked prefill tails), every request count
-where the batch still fits the 3D scratch; and prefill / mixed prefill+decode batches for every request
-count 1..``max_num_seqs``, one prefill chunk plus decodes, up to ``max_num_batched_tokens`` tokens, with
-contexts up to ``max_model_len``. That is every ``num_seqs`` class in both 2D and 3D that the server
-reaches, found by running every batch size rather than by deriving the classes. With ``--enforce-eager``
-the threshold is ``128 // kv_heads`` itself; the classes it reaches are a subset of these (the task also
-runs the decode sweep under that threshold, ``eager_threshold`` in the summary).
-
-Cross mode (exercise/fake_device.py): FakeTensors on ``cuda``; ``torch.cuda.get_device_capability``, which
-``triton_reshape_and_cache_flash`` calls directly (triton_reshape_and_cache_flash.py:445), answers the
-target's capability; the import shims of exercise/fake_ops.py stand in for ``vllm.vllm_flash_attn`` and
-``einops``. No C op is on this path for ``kv_cache_dtype="auto"``. The layer is called directly
-(``use_direct_call``), as on platforms without an opaque attention op: under FakeTensorMode the
-``vllm::unified_attention_with_output`` op would run its fake implementation.
-
-The vLLM config is a real ``VllmConfig`` (scheduler, cache and compilation configs as the server gets
-them, CUDA-graph sizes computed by vLLM's own ``_set_cudagraph_sizes`` at the default ``-O2``:
-``FULL_AND_PIECEWISE``) whose ``model_config`` is a stand-in answering what the layer and the builder read
-(heads per rank, head size, dtype): no HF config or tokenizer is loaded.
-
-Not covered (say so before relying on the bundle): FP8 KV cache (``fp8``/``fp8_e4m3`` need the fp8 query
-quantization of ``QuantFP8`` and are refused here), per-token-head int8/fp8/int4 KV caches, speculative
-decoding (``max_query_len_3d > 1`` scratch), encoder / cross / encoder-only attention, ALiBi, sinks,
-soft-capping, chunked local attention (``chunk_lookback``), multimodal prefix ranges, R-SWA, non-causal
-masks, fused output quantization, DCP/PCP, SM120's 64-segment path, ``VLLM_BATCH_INVARIANT``, hybrid
-models' multi-group KV caches, and head sizes not divisible by 16 (whose q/k row stride class then depends
-on whether the rotary embedding returns contiguous tensors).
+The keys turn on ``unified_attention``'s 2D/3D choice (its threshold set in
+``TritonAttentionMetadataBuilder.__init__`` from the capture sizes) and the ``== 1`` / ``% 16`` class of
+``num_seqs``, so every batch size is run rather than the classes derived. In cross mode the layer is called
+directly (``use_direct_call``) on FakeTensors. Background, what decides the keys and what is not covered (FP8
+KV cache, speculative decoding, ALiBi, sinks, …): docs/FAMILIES.md, "attention".
 """
 
 from __future__ import annotations
@@ -76,8 +27,8 @@ from .vllm_sampler import _device_scope, _require_triton, cross
 LAYER_NAME = "model.layers.0.self_attn.attn"
 DTYPES = ("bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto",)
-MAX_3D_QUERY_LEN = 8  # vllm/v1/attention/ops/triton_unified_attention.py:37
-TOKEN_ALIGNMENT = 128  # vllm/v1/kv_cache_interface.py:279 AttentionSpec.block_table_token_alignment
+MAX_3D_QUERY_LEN = 8  # vllm.v1.attention.ops.triton_unified_attention.MAX_3D_QUERY_LEN
+TOKEN_ALIGNMENT = 128  # vllm.v1.kv_cache_interface: AttentionSpec.block_table_token_alignment
 PAD_SLOT_ID = -1  # vllm/v1/attention/backends/utils.py PAD_SLOT_ID
 
 
@@ -238,7 +189,7 @@ def server_config(shape: Shape, full_cuda_graphs: bool = True) -> Any:
     compilation.cudagraph_capture_sizes = None if full_cuda_graphs else []
     compilation.max_cudagraph_capture_size = None if full_cuda_graphs else 0
     if full_cuda_graphs:
-        config._set_cudagraph_sizes()  # vllm/config/vllm.py:2398, as VllmConfig.__post_init__ calls it
+        config._set_cudagraph_sizes()  # VllmConfig._set_cudagraph_sizes, as VllmConfig.__post_init__ calls it
     return config
 
 
@@ -280,7 +231,7 @@ def make_layer(shape: Shape, config: Any, backend: Any = None, **extra: Any) -> 
 
 
 def block_table_width(shape: Shape) -> int:
-    """Model Runner V2's block-table width for one full-attention group (model_runner.py:645-674)."""
+    """Model Runner V2's block-table width for one full-attention group (``GPUModelRunner.initialize_kv_cache``)."""
     from vllm.utils.math_utils import cdiv
     from vllm.v1.worker.block_table import get_block_table_width
 
@@ -290,8 +241,8 @@ def block_table_width(shape: Shape) -> int:
 
 def make_kv_cache(config: Any, spec: Any, num_blocks: int, backend: Any = None) -> Any:
     """One layer's view of the KV-cache allocation, in the layout the engine resolves for this backend (TRITON_ATTN
-    unless ``backend`` is given) (v1/attention/backends/utils.py ``resolve_kv_cache_layout``;
-    v1/core/kv_cache_planning.py:708-727; v1/worker/utils.py:564)."""
+    unless ``backend`` is given) (``resolve_kv_cache_layout``; ``get_kv_cache_config_from_groups``'s block stride;
+    ``allocate_kv_cache`` in vllm/v1/worker/utils.py)."""
     import torch
     from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
@@ -327,7 +278,7 @@ class Batch:
 def fill(state: AttentionState, batch: Batch) -> Any:
     """Write the step's query starts, sequence lengths, block-table rows and slot mappings into the runner's
     buffers (values: each request owns ``width`` consecutive blocks, modulo the cache); returns the
-    ``CommonAttentionMetadata`` as v1/worker/gpu/attn_utils.py:527 builds it."""
+    ``CommonAttentionMetadata`` as MRV2's ``build_attn_metadata`` builds it."""
     import numpy as np
     import torch
     from vllm.v1.attention.backend import CommonAttentionMetadata

@@ -1,71 +1,18 @@
 """Drive vLLM 0.33's gated-delta-net layer so a build holds every Triton key a Qwen3-Next / Qwen3.5 model's linear
 attention layers ask for, every candidate config of the autotuned FLA kernels included.
 
-One exercise task (see exercise/worker.py), ``gdn``. What a server runs for a GDN layer on NVIDIA GPUs in vLLM 0.33,
-with prefix caching off (``mamba_cache_mode="none"``) and FULL_AND_PIECEWISE CUDA graphs (vLLM's default for hybrid
-models, ``MambaModelConfig``):
+One exercise task (see exercise/worker.py), ``gdn``. It builds ``QwenGatedDeltaNetAttention`` (the Qwen3-Next or
+Qwen3.5 layout), binds its states out of a page padded as ``Platform._align_hybrid_block_size`` pads it, and steps
+it through the engine's profile run (``_warmup_prefill_kernels``), decode (with drafts, spec-decode rows), prefill
+and mixed batches, each with ``GDNAttentionMetadataBuilder.build``. ``forward_cuda`` -> ``_forward_core`` reaches
+the conv kernels, the chunked gated delta rule (``ChunkGatedDeltaRule``'s FLA kernels, or FlashInfer's prefill:
+``_resolve_gdn_prefill_backend``) and the recurrent decode kernels.
 
-* the model builds ``QwenGatedDeltaNetAttention`` (layers/mamba/gdn/qwen_gdn_linear_attn.py) with
-  ``gqa_interleaved_layout=True`` for Qwen3-Next (models/qwen3_next.py) and ``False`` for Qwen3.5 and its
-  derivatives (models/qwen3_5.py, interns2_mobius.py); the runner binds its ``(conv_state, ssm_state)`` views out
-  of one int8 page per block (``MambaBase.bind_kv_cache``), the page padded to the attention layers' page
-  (``Platform._align_hybrid_block_size``: the mamba page rounded up to a whole number of attention blocks), and
-  builds one ``GDNAttentionMetadata`` per step with ``GDNAttentionMetadataBuilder.build``
-  (v1/attention/backends/gdn_attn.py), with drafts the accepted counts and draft counts that
-  v1/worker/gpu/model_states/mamba_hybrid.py passes (every decode row a spec-decode row);
-* ``forward_cuda``: ``in_proj_qkvz`` / ``in_proj_ba`` (cuBLAS), the ``vllm::qwen_gdn_attention_core`` op ->
-  ``_forward_core``: for prefill rows ``causal_conv1d_fn``, ``fused_post_conv_prep`` and the chunked gated delta
-  rule (``ChunkGatedDeltaRule``: the FLA Triton kernels ``chunk_local_cumsum``, ``chunk_scaled_dot_kkt_fwd``,
-  ``solve_tril``, ``recompute_w_u_fwd``, ``chunk_gated_delta_rule_fwd_h``, ``chunk_fwd_o``, all
-  ``@triton.autotune``d, or FlashInfer's GDN prefill, vLLM's choice on Hopper: ``_resolve_gdn_prefill_backend``,
-  ``--gdn-prefill-backend``); for decode rows ``causal_conv1d_update`` and the packed recurrent decode kernel
-  (``fused_recurrent_gated_delta_rule_packed_decode``; beside prefills ``fused_sigmoid_gating_delta_rule_update``);
-  for spec-decode rows ``causal_conv1d_update`` with the accepted counts and ``fused_sigmoid_gating_delta_rule_update``;
-  then the gated RMSNorm (``RMSNormGated``: a CustomOp that vLLM's default compilation leaves to Inductor, whose
-  kernels are vLLM's compile cache, not this bundle's) and ``out_proj``. Qwen3.5's layout with drafts takes the
-  fused path (``qwen_gdn_attention_core_fused_norm_packed``): vLLM's CUDA MTP decode op for batches of drafts
-  alone (no Triton kernel after the conv), the FLA ``layer_norm_fwd`` kernel after the others.
-
-Batches, as the scheduler makes them (decodes first): decode-only batches of 1..``max_num_seqs`` requests (with
-drafts: each row 1 + ``num_speculative_tokens`` tokens, and rows that drafted fewer); single prefills of every
-length class up to ``max_num_batched_tokens`` (fresh, and continuing a chunked prefill); several prefills in one
-step; decodes mixed with prefills. Triton specializes every int argument on ``== 1`` and ``% 16 == 0`` and every
-pointer on 16-byte alignment; the FLA chunk kernels take ``T`` unspecialized and key their autotuning on the head
-counts and dims alone (one tuning key per dtype), while their inputs' alignment and the conv and decode kernels'
-counts follow the batch; the decode kernels take the state's block stride as a constexpr, hence the padded page.
-
-Autotuned kernels, as exercise/vllm_mamba.py does it for the SSD kernels: in cross mode every launch compiles every
-candidate config left after Triton's own pruning (``AutotuneCandidates``: the autotuner's ``_bench`` runs each
-through ``JITFunction.run``, the benchmark is compile-only, the per-instance cache is bypassed and no autotune JSON
-is written); the GPU still times them at first launch.
-
-FLA's import-time device checks (third_party/flash_linear_attention/ops/utils.py): ``is_nvidia_hopper`` ("NVIDIA H"
-in ``torch.cuda.get_device_name(0)`` or capability major >= 9) picks ``chunk_fwd_kernel_o``'s warp counts, and
-``check_shared_mem()`` (the driver's ``max_shared_mem`` of device 0 against 102400 bytes) the block sizes of
-``chunk_fwd_kernel_o`` and the cumsum kernels. In cross mode torch's CUDA queries answer as on the target while
-those modules import (``cuda_answers``): the profile's product name, the arch's capability, one device (whose
-shared memory the fake driver reports per capability, exercise/fake_target.py). Both checks follow the arch: no
-NVIDIA product of another arch has a name starting "NVIDIA H".
-
-The engine's profile run comes first (entry ``profile``), as on a server: one dummy step of
-``max_num_batched_tokens`` tokens without attention metadata (``GPUModelRunner.profile_run`` -> ``_dummy_run``),
-in which the layer warms its prefill kernels on one fresh 64-token chunk (``_warmup_prefill_kernels``). The FLA
-kernels' tuning keys hold no token count, so on the GPU that warmup is where a server's autotuner times them, and
-what ``kernelcache tune`` replays first. A warmup that fails (vLLM logs a warning and goes on) fails the exercise.
-
-Not driven: prefix caching (``mamba_cache_mode="align"``: FlashInfer checkpoints,
-``MambaPrefillCheckpointExporter``), the ROCm, XPU and CPU paths, the CuteDSL backend (Blackwell, opt-in),
-FlashInfer's prefill kernels themselves (a CUDA
-module FlashInfer builds; in cross mode ``fi_chunk_gated_delta_rule`` returns empty outputs of its shapes), vLLM's
-CUDA MTP decode op (faked when absent, below), ``VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE=0``,
-``VLLM_GDN_DECODE_KERNEL=triton``, CUDA-graph padding rows, and TP > 1 beyond rank 0's shapes.
-
-Cross mode (exercise/fake_device.py): FakeTensors on ``cuda``; the layer's custom ops resolve to their Python
-bodies while inside ``forward``; the platform answers ``is_arch_support_pdl`` (causal_conv1d's ``launch_pdl``) and
-``get_cuda_runtime_major`` as vLLM's CUDA platform does; C ops: exercise/fake_ops.py's,
-``_C::cutlass_scaled_mm_supports_fp8`` (exercise/vllm_mamba.py) and, where vLLM's compiled ops are absent,
-``_C::fused_gdn_decode_post_conv_mtp`` (its schema and a no-op fake: the server has it, and its presence decides the
-Qwen3.5 drafts path). Native mode runs the same code on real tensors and lets Triton autotune for real.
+Autotuned FLA kernels compile every candidate, as exercise/vllm_mamba.py's ``AutotuneCandidates`` does. In cross
+mode torch's CUDA queries answer as on the target while FLA's modules import (``cuda_answers``: FLA's
+``is_nvidia_hopper`` and ``check_shared_mem`` pick warp counts and block sizes), the layer's custom ops resolve
+to their Python bodies, and ``_C::fused_gdn_decode_post_conv_mtp`` is faked where absent (its presence decides
+Qwen3.5's drafts path). Background and what is not driven: docs/FAMILIES.md, "gdn".
 """
 
 from __future__ import annotations

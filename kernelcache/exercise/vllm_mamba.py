@@ -1,67 +1,19 @@
 """Drive vLLM 0.33's Mamba-2 mixer so a build holds every Triton key a hybrid model's Mamba layers ask for,
 every candidate config of the autotuned SSD kernels included.
 
-One exercise task (see exercise/worker.py), ``mamba``. What a server runs for a Mamba-2 layer (Nemotron-H,
-Granite-4.0-H, Falcon-H1, Zamba2, Mamba2, Bamba) on Hopper, in vLLM 0.33, with the default Triton SSU backend
-(config/mamba.py:40) and no prefix caching (``mamba_cache_mode="none"``):
+One exercise task (see exercise/worker.py), ``mamba``. It builds ``MambaMixer2`` as Nemotron-H does
+(``NemotronHMambaDecoderLayer``), binds its states as the runner does (``MambaBase.bind_kv_cache``) and steps it
+through the engine's profile run (``MambaMixer2._warmup_ssd_kernels``), decode, prefill and mixed batches, each
+with ``Mamba2AttentionMetadataBuilder.build``. ``MambaMixer2.forward`` reaches ``causal_conv1d_*``, the SSD
+kernels of ``mamba_chunk_scan_combined_varlen``, ``selective_state_update`` and, for ``n_groups == 1``,
+``rms_norm_gated``. ``SWEEP``'s batch generators reach every ``== 1`` / ``% 16`` class of the counts.
 
-* the model builds ``MambaMixer2`` (model_executor/layers/mamba/mamba_mixer2.py:266; Nemotron-H at
-  models/nemotron_h.py:390); the runner binds its ``(conv_state, ssm_state)`` views out of one int8 page per
-  block (``MambaBase.bind_kv_cache``, layers/mamba/abstract.py) and builds one ``Mamba2AttentionMetadata`` per
-  step with ``Mamba2AttentionMetadataBuilder.build`` from the step's ``CommonAttentionMetadata``
-  (v1/attention/backends/mamba2_attn.py, v1/worker/gpu/attn_utils.py:528-575);
-* ``MambaMixer2.forward``: ``in_proj`` (cuBLAS), the ``vllm::mamba_mixer2`` op -> ``conv_ssm_forward``: for the
-  prefill rows ``causal_conv1d_fn`` and ``mamba_chunk_scan_combined_varlen`` (ssd_combined.py: the SSD kernels
-  ``_chunk_cumsum_fwd_kernel``, ``_chunk_state_fwd_kernel``, ``_state_passing_fwd_kernel``,
-  ``_bmm_chunk_fwd_kernel``, ``_chunk_scan_fwd_kernel``, all ``@triton.autotune``d), for the decode rows
-  ``causal_conv1d_update`` and ``selective_state_update`` (ops/mamba_ssm.py, through ssu_dispatch.py's Triton
-  backend); then the gated RMSNorm (``Mixer2RMSNormGated``: the Triton ``rms_norm_gated`` only when
-  ``n_groups == 1`` and the custom op is on, else torch) and ``out_proj``.
-
-Batches, as the scheduler makes them (decodes first, then prefills, mamba_attn.py ``split_decodes_and_prefills``):
-decode-only batches of 1..``max_num_seqs`` requests; single prefills of every length class up to
-``max_num_batched_tokens`` (fresh, and continuing a chunked prefill at an offset that is not chunk-aligned);
-several prefills in one step; decodes mixed with prefills. Triton specializes every int argument on ``== 1`` and
-``% 16 == 0`` (token counts, chunk counts, batch sizes); ``SWEEP`` lists the counts that reach each class.
-
-Autotuned kernels. On the GPU the first launch of each autotune key (the ``key`` arguments' values plus every
-tensor argument's dtype, triton/runtime/autotuner.py ``Autotuner.run``) compiles and benchmarks every config left
-after pruning; vLLM's ``launch_autotuned`` (ops/triton_helpers.py) then reuses the winner. Later launches with
-other specializations (alignment, ``== 1``, ``% 16``) compile only the winner, which the build cannot know. So in
-cross mode every launch of an autotuned kernel compiles every candidate config for the arguments at hand:
-the autotuner's own ``prune_configs`` picks the candidates (``early_config_prune`` / ``perf_model``; SSD chunk
-scan drops configs at import on sm_90, ssd_chunk_scan.py:27-38), its own ``_bench`` runs each one through
-``JITFunction.run``, and the benchmark is replaced by a compile-only one (the fake target has no clock); the
-first candidate is then launched (a no-op). The per-instance autotune cache and vLLM's ``_autotuned_configs``
-are bypassed so that no specialization is skipped, and ``cache_results`` is off so that no autotune JSON with
-made-up timings reaches the bundle.
-
-What stays for first launch on the GPU: the benchmark itself (each candidate is a disk hit, then timed: a few ms
-per config and key), and Triton then stores its choice as ``<kernel>.autotune.json`` (vLLM's env_override.py:176
-sets ``TRITON_CACHE_AUTOTUNING=1``). That JSON holds measured timings (``configs_timings``) under a key hashed
-from the Triton version, the target, the kernel source, the tuning key and the candidate list; it cannot be
-computed off the GPU.
-
-The engine's profile run comes first (entry ``profile``), as on a server: one dummy step of
-``max_num_batched_tokens`` tokens without attention metadata (``GPUModelRunner.profile_run`` ->
-``_dummy_run``), in which the mixer warms its SSD kernels on one chunk of fresh inputs
-(``MambaMixer2._warmup_ssd_kernels``). The SSD kernels' tuning keys hold no token count, so on the GPU that
-warmup is where a server's autotuner times them, and what ``kernelcache tune`` replays first. A warmup that fails
-(vLLM logs a warning and goes on) fails the exercise.
-
-Not driven: prefix caching (``mamba_cache_mode="align"``,
-vLLM's default when prefix caching is on: prefill checkpoints, ``return_intermediate_states``,
-``store_prefill_checkpoint``), speculative decoding, ReplaySSM, the FlashInfer SSU backend, CUDA graphs, pages
-padded to the attention page size (block strides are the unpadded page; only their ``% 16`` class matters), and
-TP > 1 (``tensor_parallel`` is in place but untested).
-
-Cross mode (exercise/fake_device.py): FakeTensors on ``cuda``; the layer calls ``mamba_mixer2``, the Python body
-of the ``vllm::mamba_mixer2`` op (mamba_mixer2.py:1230), since under a FakeTensor mode the op runs its fake
-implementation; the build's CUDA platform answers ``is_arch_support_pdl`` as vLLM's CUDA platform does
-(platforms/cuda.py:738: capability major >= 9), since ``causal_conv1d_*`` pass it as ``launch_pdl``, a compile
-option. C ops: ``_C::cutlass_scaled_mm_supports_fp8`` (a capability query at import of the linear layers'
-fp8 module, answered as the CUDA code does) plus exercise/fake_ops.py's; none on the forward path. Native mode runs
-the same code on real tensors and lets Triton autotune for real.
+``AutotuneCandidates``: in cross mode every launch of an autotuned kernel compiles every candidate that Triton's
+own ``Autotuner.prune_configs`` keeps, with a compile-only benchmark and no autotune JSON written; the GPU still
+times them at first launch unless ``kernelcache tune`` put its choices in the bundle. exercise/vllm_gdn.py reuses
+it. Cross mode also calls ``mamba_mixer2`` (the op's Python body) and answers ``is_arch_support_pdl`` as
+``CudaPlatform.is_arch_support_pdl`` does. Background and what is not driven (prefix caching, spec decode, CUDA
+graphs, TP > 1): docs/FAMILIES.md, "Autotuned kernels" and "mamba".
 """
 
 from __future__ import annotations
@@ -92,7 +44,7 @@ def mamba(*, hidden_size: int, mamba_num_heads: int, mamba_head_dim: int, ssm_st
     Arguments are Nemotron-H's config.json names (plan/model.py's ``MAMBA_CONFIG_NAMES`` maps other
     architectures' names).
     ``mamba_ssm_cache_dtype``: the SSM state dtype (``auto``: the model dtype; Nemotron-H's vLLM config class
-    makes ``auto`` float32, models/config.py:812, so pass what the server resolves). ``entries``: ``profile``,
+    makes ``auto`` float32, ``NemotronHForCausalLMConfig``, so pass what the server resolves). ``entries``: ``profile``,
     ``decode``, ``prefill``, ``mixed`` (default all four, in that order). TP ``t`` is built as rank 0 of ``t``:
     heads and groups sharded as
     ``MambaMixer2`` shards them, with no process group.
@@ -198,7 +150,8 @@ def install_ops(fake_ops: Any) -> list[dict]:
 
 
 def pdl_like_cuda() -> list[dict]:
-    """Make the build's platform answer ``is_arch_support_pdl`` as platforms/cuda.py:738 does on the target."""
+    """Make the build's platform answer ``is_arch_support_pdl`` as ``CudaPlatform.is_arch_support_pdl`` does on the
+    target."""
     from vllm.platforms import current_platform
 
     platform = type(current_platform)
@@ -324,7 +277,7 @@ def single_rank() -> None:
 @dataclass
 class ModelConfigView:
     """What ``MambaMixer2`` and the Mamba-2 metadata builder read from ``ModelConfig``: the model dtype
-    (``get_state_dtype``) and ``get_mamba_chunk_size()`` (config/model.py:1798), with the served length."""
+    (``get_state_dtype``) and ``ModelConfig.get_mamba_chunk_size()``, with the served length."""
 
     dtype: Any
     chunk_size: int
@@ -349,7 +302,7 @@ class MambaLayer:
 
 def make_layer(dims: Dims, max_num_seqs: int, max_num_batched_tokens: int) -> MambaLayer:
     """``MambaMixer2`` as Nemotron-H builds it, its state bound as the runner binds it, the SSU backend chosen
-    as the runner chooses it (ssu_dispatch.py:593), and the metadata builder; on ``cuda``."""
+    as the runner chooses it (``initialize_mamba_ssu_backend``), and the metadata builder; on ``cuda``."""
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
@@ -392,7 +345,7 @@ def vllm_config(dims: Dims, max_num_seqs: int, max_num_batched_tokens: int) -> A
 
 def fill_parameters(mixer: Any) -> None:
     """Native mode: seeded weights in place (the parameters were made in the model dtype, ``A`` in fp32, as
-    the loader makes them under ``set_default_torch_dtype``, model_loader/base_loader.py:73); ``A`` negative
+    the loader makes them under ``set_default_torch_dtype``, ``BaseModelLoader.load_model``); ``A`` negative
     and ``dt_bias`` small, as trained checkpoints have them."""
     import torch
 
@@ -409,7 +362,7 @@ def fill_parameters(mixer: Any) -> None:
 
 def bind_state(mixer: Any, spec: Any, num_blocks: int) -> None:
     """One int8 page per block viewed ``[num_blocks, 1, 1, page]`` (block stride = the page, the layer-outermost
-    layout, v1/kv_cache_interface.py:418) and split into the layer's states by ``MambaBase.bind_kv_cache``."""
+    layout, ``create_kv_cache_views``) and split into the layer's states by ``MambaBase.bind_kv_cache``."""
     import torch
 
     page = spec.page_size_bytes
@@ -490,7 +443,7 @@ ENTRIES = tuple(SWEEP)
 
 
 def common_metadata(layer: MambaLayer, batch: Batch) -> Any:
-    """The step's ``CommonAttentionMetadata`` as MRV2's ``build_attn_metadata`` fills it (attn_utils.py:528)."""
+    """The step's ``CommonAttentionMetadata`` as MRV2's ``build_attn_metadata`` fills it."""
     import torch
     from vllm.v1.attention.backend import CommonAttentionMetadata
 

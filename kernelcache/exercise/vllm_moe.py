@@ -1,38 +1,17 @@
 """Drive vLLM 0.33's fused-MoE layer so a build holds every Triton key an unquantized MoE model asks for.
 
-One exercise task (see exercise/worker.py), ``moe``. What a server runs for a bf16/fp16 MoE model on
-Hopper, in vLLM 0.33:
+One exercise task (see exercise/worker.py), ``moe``. It builds the experts with ``FusedMoEFactory`` as a
+bf16/fp16 model on Hopper does (router, ``UnquantizedFusedMoEMethod``, the oracle's ``TritonExperts`` in a
+``FusedMoEKernel``) and calls ``MoERunner.forward`` for every token count from 1 to ``max_num_batched_tokens``,
+largest first as the profile run does. ``TritonExperts.apply`` picks the tile config from vLLM's tuned tables for
+the device name (``try_get_optimal_moe_config``) and the block assignment (``_prepare_expert_assignment``), so
+``fused_moe_kernel``'s keys follow ``M``; every ``M`` is run rather than deriving the classes. TP ``t`` is one
+rank holding ``intermediate_size / t``.
 
-* the model builds its experts with ``FusedMoEFactory`` (fused_moe/layer.py:92; Qwen3-MoE at
-  models/qwen3_moe.py:203), which makes the router (``FusedTopKRouter``), the ``RoutedExperts`` holding the
-  weights and an ``UnquantizedFusedMoEMethod``, whose oracle picks the backend: on SM90 the FlashInfer
-  backends go to the back of the list, so ``TRITON`` -> ``TritonExperts`` (fused_moe/oracle/unquantized.py:
-  78-80, 134-139), wrapped with ``MoEPrepareAndFinalizeNoDPEPModular`` in a ``FusedMoEKernel``
-  (oracle/unquantized.py:504-553) when the weights are post-processed after loading;
-* each forward goes ``MoERunner.forward`` -> the ``vllm::moe_forward`` op -> ``_forward_impl`` -> router
-  ``select_experts`` (``_moe_C.topk_softmax``, int32 ids, fp32 weights) -> ``FusedMoEKernel.apply``, which
-  carves the two workspaces out of the ``WorkspaceManager``'s byte buffer at 256-byte offsets
-  (modular_kernel.py:1124-1221, v1/worker/workspace.py:181) -> ``TritonExperts.apply``
-  (experts/triton_moe.py:257): the tile config from the tuned JSON for ``E``, ``N`` and the device name
-  (``try_get_optimal_moe_config``: the nearest batch size in the file, else ``get_default_config``;
-  fused_moe.py:1421), the naive block assignment when ``M * top_k * 4 <= E`` else ``moe_align_block_size``
-  (fused_moe.py:1549), both ``fused_moe_kernel`` GEMMs (fused_moe.py:761), ``silu_and_mul`` and
-  ``moe_sum``. vLLM 0.33 has no chunking here (``M_chunk == M_full``, modular_kernel.py:1354).
-
-This task builds that layer with ``FusedMoEFactory`` itself and calls ``MoERunner.forward`` for every
-token count from 1 to ``max_num_batched_tokens`` (largest first, as the profile run does). The keys of
-``fused_moe_kernel`` depend on ``M`` through the tile config, the assignment path and the ``== 1`` /
-``% 16`` classes of ``EM`` and ``M * top_k``; rather than deriving those classes, every ``M`` is run
-(after a key's first compile a call is an in-memory hit). Router logits are passed in, as for models
-whose gate stays outside the layer; the gate is a cuBLAS/CuTe GEMM, no Triton kernel. Tensor parallelism
-only shards the intermediate size (``FusedMoEConfig.intermediate_size_per_partition``), so TP ``t`` is
-built as one rank holding ``intermediate_size / t``, with no process group.
-
-Cross mode (exercise/fake_device.py): FakeTensors on ``cuda``; the C ops and failing imports on the way
-are replaced by exercise/fake_ops.py; and the layer calls ``_moe_forward``, the Python body of the
-``vllm::moe_forward`` op, directly (``MoERunner._select_forward`` does so on CPU and TPU), since under a
-FakeTensor mode the op would run its fake implementation, which computes nothing. Native mode runs the
-same code on real tensors; missing C ops get fake_ops' torch implementations.
+Cross mode: FakeTensors on ``cuda``, the C ops and failing imports replaced by exercise/fake_ops.py, and the
+layer calling ``_moe_forward`` (the Python body of ``vllm::moe_forward``) directly, as
+``MoERunner._select_forward`` does on CPU. Native mode runs the same code on real tensors. Background:
+docs/FAMILIES.md, "moe".
 """
 
 from __future__ import annotations
@@ -121,7 +100,7 @@ def prepare() -> dict:
 def make_layer(num_experts: int, hidden_size: int, intermediate_size: int, top_k: int, dtype: str,
                tensor_parallel_size: int = 1) -> MoELayer:
     """``FusedMoEFactory`` as Qwen3-MoE calls it (softmax routing, renormalised), weights post-processed as
-    the model loader does (model_loader/utils.py:157-181); on ``cuda``, as the model is built."""
+    the model loader does (``process_weights_after_loading``); on ``cuda``, as the model is built."""
     import torch
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
@@ -157,7 +136,7 @@ def python_bodies(layer: MoELayer, entries: list[str]) -> list[dict]:
 
 
 def start_workspace() -> None:
-    """The worker's workspace manager (v1/worker/gpu_worker.py:558), on ``cuda``, if none exists yet."""
+    """The worker's workspace manager (``Worker._init_workspace_and_model_runner``), on ``cuda``, if none exists yet."""
     import torch
     from vllm.v1.worker import workspace
 
@@ -184,8 +163,8 @@ def forward(layer: MoELayer, hidden: Any, logits: Any) -> Any:
 
 
 def functional(layer: MoELayer, hidden: Any, logits: Any) -> Any:
-    """vLLM's functional API on the layer's weights, as models/minicpm.py:180-186 calls it: ``fused_topk``,
-    then ``fused_experts`` (in cross mode its op body ``fused_experts_impl``, fused_moe.py:1664)."""
+    """vLLM's functional API on the layer's weights, as ``MiniCPMMoE.forward`` calls it: ``fused_topk``,
+    then ``fused_experts`` (in cross mode its op body ``fused_experts_impl``)."""
     from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts, fused_experts_impl
     from vllm.model_executor.layers.fused_moe.router.fused_topk_router import fused_topk
 
@@ -221,7 +200,7 @@ def describe(layer: MoELayer, m_values: list[int]) -> dict:
 
 
 def tuned_config_file(name: str) -> str:
-    """The file ``get_moe_configs`` reads (fused_moe.py:1110: ``VLLM_TUNED_CONFIG_FOLDER`` first, then
+    """The file ``get_moe_configs`` reads (``get_config_file_name``; ``VLLM_TUNED_CONFIG_FOLDER`` first, then
     vLLM's configs/), or ``default (no <name>)`` when vLLM falls back to ``get_default_config``."""
     import vllm.model_executor.layers.fused_moe.fused_moe as fused_moe
 

@@ -1,36 +1,17 @@
 """Drive Model Runner V2's speculative decoding (EAGLE / EAGLE-3) as a server with drafts runs it.
 
-With a ``speculative_config`` Model Runner V2 (vllm/v1/worker/gpu/model_runner.py) builds its request state
-with ``num_speculative_steps`` draft slots, a ``Sampler`` for ``decode_query_len = k + 1`` logits per request,
-a ``RejectionSampler`` (gpu/spec_decode/rejection_sampler.py) and a speculator (``init_speculator``,
-gpu/spec_decode/__init__.py: ``EagleSpeculator`` for eagle and eagle3). Its warmup
-(gpu/warmup.py ``warmup_kernels``) runs real drafted steps, twice (``for_sampler_warmup()`` and greedy), so
-every kernel below compiles at engine start unless the cache holds it. ``mrv2_spec_decode`` builds those
-objects with the runner's constructor arguments and replays ``execute_model`` + ``sample_tokens``:
+With a ``speculative_config`` Model Runner V2 builds a request state with draft slots, a ``Sampler`` for
+``k + 1`` logits per request, a ``RejectionSampler`` and an ``EagleSpeculator`` (``init_speculator``); its
+warmup (``warmup_kernels``) runs real drafted steps, so every kernel compiles at engine start unless the cache
+holds it. ``mrv2_spec_decode`` builds those objects with the runner's constructor arguments and replays
+``execute_model`` + ``sample_tokens``: the target side (``prepare_inputs`` with drafts, the grammar bitmask,
+the ``RejectionSampler`` or the ``Sampler``, ``post_update``) and ``EagleSpeculator.propose`` with the draft
+model's forward and attention metadata stubbed.
 
-* target side: ``prepare_inputs`` with drafts (``expand_idx_mapping``, ``combine_sampled_and_draft_tokens``
-  reading ``RequestState.draft_tokens``, positions, prefill tokens), block tables and slot mappings, the
-  grammar bitmask (``mask_stride = k + 1``), then the ``RejectionSampler`` for a batch with drafts
-  (``_gather_draft_sampled_kernel``, ``apply_sampling_params`` on the expanded rows, the
-  ``rejection_sample`` kernels, ``_flatten_sampled_kernel`` + top-k logprobs,
-  ``get_num_sampled_and_rejected``) or the ``Sampler`` for one without, prompt logprobs, ``post_update``;
-* speculator side: ``EagleSpeculator.propose`` itself (target_dependent_ar/speculator.py) with the draft
-  model's forward and attention metadata stubbed (no weights, no KV cache): ``_prepare_prefill_inputs_kernel``,
-  the hidden-state gather, draft sampling (``draft_sample_method``: greedy argmax by default, the Gumbel kernel
-  with cached draft logits when probabilistic), ``_prepare_decode_inputs_kernel``, the slot mappings of each
-  draft step, ``_update_draft_inputs_kernel``. ``is_profile=True`` makes its CUDA-graph dispatch eager: the
-  same kernels, launched instead of replayed.
-
-``entries``: ``warmup`` (warmup.py's step sequence, both sampling-parameter passes) and ``batches`` (one batch
-per distinct integer class: drafted requests, undrafted decodes and new prefills mixed, every top-k/top-p batch
-class of the verified rows, every sampling mix, each logits dtype in ``dtypes``, every logprobs class).
-
-Not covered: ngram, MTP, DFlash, DSpark, Gemma4 and standalone draft-model speculators (other kernels);
-probabilistic draft sampling is reached only with ``draft_sample_method``'s default changed (not a kwarg
-here); FLy / synthetic / block rejection, adaptive verification (its acceptance estimator kernels),
-watermarking, batch-sharded sampling, pipeline or context parallelism, multimodal drafts. The draft model's
-own layers and attention backends are other families. In cross mode the CUDA runtime calls on the way are
-faked by exercise/fake_runner_ops.py (listed in the summary, with this module's own stubs).
+``entries``: ``warmup`` (the warmup's step sequence) and ``batches`` (one batch per integer class). In cross mode
+the CUDA runtime calls on the way are faked by exercise/fake_runner_ops.py (listed in the summary, with this
+module's own stubs). What is not covered (ngram, MTP and other speculators, FLy / synthetic rejection, …):
+docs/FAMILIES.md, "mrv2_spec_decode".
 """
 
 from __future__ import annotations
@@ -65,8 +46,8 @@ def mrv2_spec_decode(*, vocab: int, max_num_seqs: int, num_speculative_tokens: i
     spec = Spec(Config(vocab, max_num_seqs, max_model_len, max_num_batched_tokens, block_size),
                 num_speculative_tokens, method, model_dtype(dtypes))
     calls: Counter = Counter()
-    # speculator.py imports attn_utils.py (-> fa_utils.py:24: vllm_flash_attn) and vllm/v1/worker/utils.py
-    # (-> w8a8_utils.py:41 asks _C.cutlass_scaled_mm_supports_block_fp8 at import): exercise/fake_ops.py.
+    # The speculator imports attn_utils (-> fa_utils, which imports vllm_flash_attn) and vllm.v1.worker.utils
+    # (-> w8a8_utils, which asks _C.cutlass_scaled_mm_supports_block_fp8 at import): exercise/fake_ops.py.
     shims = install_fakes()
     with _device_scope(), runner_ops(cross()) as substituted, host_ops(cross()):
         if "warmup" in entries:
@@ -144,8 +125,8 @@ class Layout:
 
 def host_ops(cross_mode: bool) -> Any:
     """Cross mode: torch calls whose tensors are all real CPU tensors run eagerly on them, as on the GPU
-    machine (``propose`` reads ``seq_lens_cpu_upper_bound[:n].max().item()``, target_dependent_ar/
-    speculator.py:199); under ``FakeTensorMode`` they would turn fake and lose their values."""
+    machine (``TargetDependentARSpeculator.propose`` reads ``seq_lens_cpu_upper_bound[:n].max().item()``);
+    under ``FakeTensorMode`` they would turn fake and lose their values."""
     import contextlib
 
     if not cross_mode:
@@ -296,7 +277,7 @@ def build_speculator(spec: Spec, block_tables: Any) -> Any:
     from vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator import TargetDependentARSpeculator
 
     class EagleSpeculator(TargetDependentARSpeculator):
-        """vllm/v1/worker/gpu/spec_decode/eagle/speculator.py:12-18 adds only ``load_draft_model`` (the
+        """vLLM's own ``EagleSpeculator`` (spec_decode/eagle/speculator.py) adds only ``load_draft_model`` (the
         weights, stubbed here); importing it would pull the online-quantized LM head and its C-op queries."""
 
         def load_draft_model(self, target_model: Any, target_attn_layer_names: set[str]) -> Any:

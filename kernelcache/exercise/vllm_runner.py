@@ -1,35 +1,17 @@
 """Drive Model Runner V2's own Triton kernels, as its engine-start warmup and its serving steps launch them.
 
-vLLM 0.33's default runner (vllm/v1/worker/gpu/model_runner.py) compiles its kernels lazily: its warmup
-(vllm/v1/worker/gpu/warmup.py ``warmup_kernels``) really runs prefill and decode steps with
-``SamplingParams.for_sampler_warmup()`` so every feature's kernel is compiled at engine start, and the
-JIT warmup registry holds none of them. Without a GPU that warmup cannot run, so ``runner`` builds the
-runner's own state objects with the runner's constructor arguments and replays its step sequence on them:
+vLLM 0.33's default runner compiles its kernels lazily; its warmup (``warmup_kernels``) runs real prefill and
+decode steps that no GPU-less build can run, and the JIT warmup registry holds none of them. So ``runner`` builds
+the runner's own state objects with its constructor arguments (``RequestState``, ``InputBuffers``,
+``BlockTables``, MRV2's ``Sampler``, ``PromptLogprobsWorker``, ``StructuredOutputsWorker``) and replays its step
+sequence as ``GPUModelRunner.execute_model`` / ``sample_tokens`` order it: staged writes, ``prepare_inputs``,
+``prepare_attn``, the grammar bitmask, the sampler, prompt logprobs, ``post_update``.
 
-* state: ``RequestState`` (gpu/states.py), ``InputBuffers`` (gpu/input_batch.py), ``BlockTables``
-  (gpu/block_table.py, one full-attention KV group), MRV2's ``Sampler`` (gpu/sample/sampler.py: penalties,
-  logit bias + min-tokens, bad words, temperature, min-p, top-k/top-p, Gumbel, logprobs),
-  ``PromptLogprobsWorker`` (gpu/sample/prompt_logprob.py), ``StructuredOutputsWorker``
-  (gpu/structured_outputs.py);
-* each step, as ``GPUModelRunner.execute_model`` / ``sample_tokens`` order it: ``add_request`` +
-  ``apply_staged_writes`` (``_apply_write_kernel``, ``_bincount_kernel``), ``prepare_inputs`` (prefill
-  tokens, positions, sampled tokens, logits indices), ``prepare_attn`` (block-table gather, slot mappings),
-  the grammar bitmask, the sampler on LM-head-shaped logits, prompt logprobs, ``post_update``.
-
-What Triton specializes on here: the logits dtype and row stride (a single row keeps the LM head's padded
-stride through ``empty_like``, several rows do not: batch classes 1 and >1), the top-k/top-p batch classes
-(``vllm_sampler.batch_classes``), the number of logprobs (an int argument and the ``TOPK_BLOCK_SIZE``
-constexpr: ``logprob_classes``), and buffer strides fixed by the config (``max_num_seqs``,
-``max_model_len``, ``max_num_batched_tokens``, ``block_size``, the vocab). Pointers are buffer bases or
-fresh allocations (16-byte aligned); batch and token counts only size grids (``_gather_block_tables_kernel``
-does not specialize ``num_reqs``). Prefill length only sizes grids too, so prompts are short.
-
-Not driven: speculative decoding (gpu/spec_decode/*, rejection sampler), watermarking
-(gpu/sample/watermark.py), thinking budgets (needs a reasoning config), trace replay, logprob token ids,
-sampling masks, multi-group KV (hybrid models: the fused ``MULTI_GROUP`` write), sliding-window masking,
-context parallelism, prompt embeddings, M-RoPE, pooling, NaN counting (``VLLM_COMPUTE_NANS_IN_LOGITS``),
-processed logprob modes. In cross mode the CUDA runtime calls on the way are faked by
-exercise/fake_runner_ops.py (listed in the summary).
+Triton specializes here on the logits dtype and row stride (batch classes 1 and > 1), the top-k/top-p batch
+classes (``vllm_sampler.batch_classes``), the logprobs count (``logprob_classes``) and buffer strides fixed by
+the config; batch and prefill lengths only size grids, so prompts are short. In cross mode the CUDA runtime calls
+on the way are faked by exercise/fake_runner_ops.py (listed in the summary). What is not driven: docs/FAMILIES.md,
+"runner".
 """
 
 from __future__ import annotations

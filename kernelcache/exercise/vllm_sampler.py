@@ -3,7 +3,7 @@
 Each public function is one exercise task (see exercise/worker.py) and returns a JSON summary:
 
 * ``registry``: vLLM's own ``JitWarmupRegistry`` over ``register_top_k_top_p_warmups()`` -- every
-  top-k/top-p specialization vLLM itself enumerates for the config (vllm-cross-spike.md);
+  top-k/top-p specialization vLLM itself enumerates for the config;
 * ``mrv1``: ``vllm.v1.sample.sampler.Sampler`` on the ``_dummy_sampler_run`` metadata, with a seeded
   generator (PR #41375's recipe: the ``forward_native`` Triton path) and, where FlashInfer is not
   used, without; on logits as the LM head returns them (padded to 64 columns and sliced, in each

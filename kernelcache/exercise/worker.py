@@ -53,7 +53,7 @@ def main(path: str) -> int:
     os.environ["KERNELCACHE_TARGET_MODE"] = job.mode
     os.environ["KERNELCACHE_COMPILE_LOG"] = job.compile_log  # where hooks record too (a build cache's manager)
     if job.mode == "cross":
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # vLLM's lenient Triton-import branch (vllm-cross-spike.md)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # vllm.triton_utils.importing: 0 drivers, Triton kept
     started = time.perf_counter()
     results, functions = [], set()
 
@@ -115,10 +115,10 @@ def _between_tasks(job: Job, functions: set) -> int:
 
 def _served_helpers(cache_dir: str) -> None:
     """Let Triton's gcc step take the installed cache's helper modules as a served process does
-    (runtime/site/kernelcache_prebuilt.py); the build counter, set after, logs them as such."""
+    (hooks/kernelcache_prebuilt.py); the build counter, set after, logs them as such."""
     from triton.runtime import build
 
-    from ..runtime.site import kernelcache_prebuilt
+    from ..hooks import kernelcache_prebuilt
 
     kernelcache_prebuilt.activate(build, cache_dir)
 

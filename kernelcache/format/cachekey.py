@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import re
 
+from ..hooks.kernelcache_listener import base32_key  # the compile log's hook names keys too
+
 KEY_PATTERN = re.compile(r"[A-Z2-7]{52}")
 
 
-def base32_key(hash_hex: str) -> str:
-    """The cache directory name Triton derives from a metadata hash."""
-    import base64
-
-    return base64.b32encode(bytes.fromhex(hash_hex)).decode().rstrip("=")
+__all__ = ["KEY_PATTERN", "base32_key"]

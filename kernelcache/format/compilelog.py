@@ -5,23 +5,11 @@ each, so threads and processes can share one log, and a reader skips the torn la
 
 from __future__ import annotations
 
-import json
-import os
-import threading
 from dataclasses import dataclass
 
-LOG_ENV = "KERNELCACHE_COMPILE_LOG"
-_lock = threading.Lock()
-
-
-def append(path: str, record: dict) -> None:
-    line = (json.dumps(record, default=str) + "\n").encode()
-    with _lock:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
+from ..hooks.kernelcache_listener import LOG_ENV as LOG_ENV  # the writer is the served hook's: one lock, one format
+from ..hooks.kernelcache_listener import append as append
+from ..hooks.kernelcache_records import read_lines
 
 
 @dataclass(frozen=True)
@@ -73,17 +61,8 @@ def compiles(records: list[dict]) -> list[dict]:
 
 
 def read(path: str) -> list[dict]:
-    """All complete records of a log (a torn last line from a killed writer is skipped)."""
-    records = []
+    """All complete records of a log (a torn last line from a killed writer is skipped); none when it is absent."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(record, dict):
-                    records.append(record)
+        return read_lines(path)
     except FileNotFoundError:
-        pass
-    return records
+        return []

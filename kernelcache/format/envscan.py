@@ -18,7 +18,8 @@ import os
 import re
 import sys
 
-from ..runtime.site.kernelcache_tritonkey import triton_files  # the served triton_key() seed checks these too
+from ..hooks.kernelcache_records import stamp
+from ..hooks.kernelcache_tritonkey import triton_files  # the served triton_key() seed checks these too
 from . import keep_old_name
 
 DISTRIBUTIONS = ("triton", "torch", "vllm", "flashinfer-python", "apache-tvm-ffi")
@@ -75,14 +76,6 @@ def package_dir(name: str) -> str | None:
     return os.path.realpath(locations[0]) if locations else None
 
 
-def _stat(path: str) -> Stat | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
-
-
 def _triton_files(root: str) -> dict[str, Stat]:
     return {rel: (stat[0], stat[1], stat[2]) for rel, stat in triton_files(root).items()}
 
@@ -92,7 +85,7 @@ def _ptxas_files(triton_dir: str | None, env: dict[str, str]) -> dict[str, Stat]
     if triton_dir:
         folder = os.path.join(triton_dir, "backends", "nvidia", "bin")
         paths += [os.path.join(folder, f) for f in sorted(_listdir(folder)) if f.startswith("ptxas")]
-    return {p: s for p in paths if (s := _stat(p)) is not None}
+    return {p: tuple(s) for p in paths if (s := stamp(p)) is not None}
 
 
 _LISTINGS: dict[str, list[str]] = {}
@@ -148,7 +141,7 @@ def _metadata_states(names: tuple[str, ...]) -> dict[str, str]:
     states = {}
     for name in names:
         folder = found.get(name)
-        stat = next((s for f in ("METADATA", "PKG-INFO") if (s := _stat(os.path.join(folder, f)))), None) \
+        stat = next((tuple(s) for f in ("METADATA", "PKG-INFO") if (s := stamp(os.path.join(folder, f)))), None) \
             if folder else None
         states[name] = f"{os.path.realpath(folder)} {stat}" if folder else ""
     return states

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..errors import MissingDependency
 from . import keep_old_name
 from .envscan import OPTION_ENV_VARS
-from .manifest import DeviceKeys, Environment, Manifest, Target, Tuning, arch_to_capability
+from .manifest import DeviceKeys, Environment, Manifest, Target, Tuning, arch_to_capability, capability_of
 
 
 def python_tag() -> str:
@@ -148,7 +148,7 @@ def compare_flashinfer(manifest: Manifest, flashinfer: str | None, torch: str | 
         if m.version != flashinfer:
             diffs.append(Difference(name, m.version, flashinfer, True,
                                     "FlashInfer loads modules of its own version only"))
-        if manifest.target.capability not in {_capability(a) for a in m.archs}:
+        if manifest.target.capability not in {capability_of(a) for a in m.archs}:
             diffs.append(Difference(f"{name}.archs", " ".join(m.archs), manifest.target.arch, True,
                                     "the module has no code for the bundle's target"))
         major = m.cuda.split(".")[0]
@@ -183,13 +183,6 @@ def _torch_cuda_major(torch: str | None) -> str | None:
     if not (local.startswith("cu") and local[2:].isdigit() and len(local) >= 4):
         return None
     return local[2:-1]
-
-
-def _capability(arch: str) -> int | None:
-    try:
-        return arch_to_capability(arch)
-    except ValueError:
-        return None
 
 
 def compare_gpu(target: Target, gpus: list, keys: DeviceKeys | None = None) -> list[Difference]:

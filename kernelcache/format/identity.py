@@ -4,7 +4,7 @@ A first fingerprint (``fingerprint.local_environment``) imports Triton (~0.15 s)
 ``libtriton.so`` for ``triton_key()`` (~0.35-0.5 s): most of a pod's cold install. ``triton_key()``
 (https://github.com/triton-lang/triton/blob/main/python/triton/runtime/cache.py) is a function of the
 contents of the files it reads and nothing else, so a bundle that records each of those files' content
-identity (runtime/site/kernelcache_tritonkey.py: sources by sha256, shared libraries by size and GNU build
+identity (hooks/kernelcache_tritonkey.py: sources by sha256, shared libraries by size and GNU build
 ID) lets an install decide, from a few ms of hashing, that its Triton's key is the bundle's. The rest of the
 fingerprint follows from the record too:
 
@@ -28,7 +28,7 @@ import hashlib
 import os
 import subprocess
 
-from ..runtime.site.kernelcache_tritonkey import identity, triton_files
+from ..hooks.kernelcache_tritonkey import identity, triton_files
 from . import keep_old_name
 from .envscan import OPTION_ENV_VARS, key_candidates
 from .fingerprint import platform_tag, python_tag
@@ -41,7 +41,7 @@ PTXAS_VARIABLES = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH", "TRITON_M
 def identity_here(archs: list[str]) -> TritonIdentity | None:
     """This process's Triton, by content, for the given archs (imports Triton; the build side).
     None when some file has no cheap identity or a ptxas lies outside Triton's directory."""
-    from ..runtime.site.kernelcache_tritonkey import triton_root
+    from ..hooks.kernelcache_tritonkey import triton_root
 
     try:
         import triton.runtime.cache as cache

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -20,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BundleManifestError, UsageError
-from ..runtime.site.kernelcache_autotune import SUFFIX as AUTOTUNE_SUFFIX
+from ..hooks.kernelcache_autotune import SUFFIX as AUTOTUNE_SUFFIX
+from ..hooks.kernelcache_listener import json_value  # the compile log's hook writes constexprs with it
 from . import canonical, keep_old_name
 
 FORMAT_VERSION = 1
@@ -308,35 +308,33 @@ class Manifest:
 _ARCH = re.compile(r"(?:sm_?)?([1-9][0-9]{1,2})[af]?")
 
 
-def arch_to_capability(arch: str) -> int:
-    """"sm_90" / "sm_90a" / "sm_100f" / "90" -> 90."""
+def capability_of(arch: str) -> int | None:
+    """"sm_90" / "sm_90a" / "sm_100f" / "90" -> 90; None for what is not a CUDA arch (the one arch parser)."""
     found = _ARCH.fullmatch(arch.strip().lower())
-    if not found:
+    return int(found.group(1)) if found else None
+
+
+def arch_to_capability(arch: str) -> int:
+    """``capability_of``, with a ``ValueError`` for what is not a CUDA arch."""
+    capability = capability_of(arch)
+    if capability is None:
         raise ValueError(f"not a CUDA arch: {arch!r} (expected e.g. sm_90 or sm_100)")
-    return int(found.group(1))
+    return capability
 
 
-def flag_capability(arch: str) -> int:
-    """An ``--arch`` value's capability, or a one-line ``UsageError`` naming the flag."""
+def flag_capability(arch: str, flag: str | None = "--arch") -> int:
+    """An arch a user gave: its capability, or a one-line ``UsageError`` naming ``flag`` (None: naming the arch
+    alone, as ``arch_to_capability`` does)."""
     try:
         return arch_to_capability(arch)
-    except ValueError:
-        raise UsageError(f"--arch must look like sm_90 or sm_100, got {arch!r}") from None
+    except ValueError as exc:
+        if flag is None:
+            raise UsageError(str(exc)) from None
+        raise UsageError(f"{flag} must look like sm_90 or sm_100, got {arch!r}") from None
 
 
 def capability_to_arch(capability: int) -> str:
     return f"sm_{capability}"
-
-
-def json_value(value: Any) -> Any:
-    """A JSON-safe form of a constexpr value: non-finite floats and odd objects become strings."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [json_value(v) for v in value]
-    return str(value)
 
 
 def _consistent(manifest: Manifest) -> Manifest:

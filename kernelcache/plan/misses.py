@@ -13,12 +13,12 @@ its launcher. ``replay_tasks`` turns a log into the worker ``Task`` list for one
 
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
 from ..errors import UsageError
+from ..hooks.kernelcache_records import records as log_records
 from .tasks import Task
 
 REPLAY = "kernelcache.exercise.replay:run"
@@ -61,13 +61,7 @@ def read(path: str | os.PathLike) -> MissLog:
     targets: dict[str, MissTarget] = {}
     skipped: dict[str, dict] = {}
     modules = records = 0
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(record, dict):
-            continue
+    for record in log_records(lines):
         records += 1
         if record.get("kind") != "kernel":
             modules += record.get("kind") == "module"

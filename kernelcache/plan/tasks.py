@@ -20,6 +20,8 @@ MAMBA = "kernelcache.exercise.vllm_mamba"
 MRV2_SPEC_DECODE = "kernelcache.exercise.vllm_mrv2_spec_decode"
 GDN = "kernelcache.exercise.vllm_gdn"
 FLASHINFER_ATTENTION = "kernelcache.exercise.vllm_flashinfer"
+# The exercise module of each path vLLM configures by device name (format/manifest.py DEVICE_NAME_PATHS).
+DEVICE_NAME_MODULES = {"moe": MOE, "mamba": MAMBA}
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ArchMismatch, StorageError, UsageError
 from ..format.archive import read_manifest
-from ..format.manifest import Manifest, Target, arch_to_capability
+from ..format.manifest import Manifest, Target, flag_capability
 
 if TYPE_CHECKING:  # a plain path (every install) never loads the transports
     from .transfer import Landed
@@ -64,7 +64,7 @@ def check_wanted(arch: str | None, gpu: str | None) -> None:
 
         profile(gpu)
     if arch is not None:
-        _capability(arch)
+        flag_capability(arch, None)
 
 
 def fetch(ref: str | os.PathLike, dest_dir: str | os.PathLike, arch: str | None = None, gpu: str | None = None,
@@ -120,16 +120,9 @@ def check_target(manifest: Manifest, arch: str | None, gpu: str | None, source: 
                 keys is not None and not keys.accepts(want.product)):
             raise ArchMismatch(f"{source} was built for {_target(target)}, not for --gpu {want.name}",
                                [("target", _target(target), f"{want.name} ({want.arch}, {want.sm_count} SMs)")])
-    if arch is not None and target.capability != _capability(arch):
+    if arch is not None and target.capability != flag_capability(arch, None):
         raise ArchMismatch(f"{source} was built for {_target(target)}, not for --arch {arch}",
                            [("target", _target(target), arch)])
-
-
-def _capability(arch: str) -> int:
-    try:
-        return arch_to_capability(arch)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def _target(target: Target) -> str:

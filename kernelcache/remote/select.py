@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ArchMismatch, UsageError
-from ..format.manifest import arch_to_capability
+from ..format.manifest import arch_to_capability, flag_capability
 from ..plan.gpus import VisibleGpu, profile, profile_for
 
 
@@ -72,7 +72,7 @@ def wanted(gpus: list[VisibleGpu], arch: str | None = None, gpu: str | None = No
             raise UsageError(f"--arch {arch} contradicts --gpu {chosen.name}, which is {chosen.arch}")
         return Wanted(chosen.capability, chosen.sm_count, chosen.name, f"--gpu {chosen.name}", chosen.product)
     if arch is not None:
-        return Wanted(_capability(arch), why=f"--arch {arch}")
+        return Wanted(flag_capability(arch, None), why=f"--arch {arch}")
     kinds = sorted({(g.capability, g.sm_count) for g in gpus})
     if not kinds:
         raise UsageError("no GPU is visible here to pick a bundle from the index; pass --arch or --gpu")
@@ -109,13 +109,6 @@ def choose(candidates: list[Candidate], gpus: list[VisibleGpu], arch: str | None
         "installing another one would recompile every kernel",
         [("bundle for", listed, want.label)],
     )
-
-
-def _capability(arch: str) -> int:
-    try:
-        return arch_to_capability(arch)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def _platform_note(candidates: list[Candidate], usable: list[Candidate], platform: str | None) -> str:

@@ -6,9 +6,9 @@ in vllm/compilation/compiler_interface.py), so one set before it starts is kept.
 When the cache holds FlashInfer modules, runtime/flashinfer.py adds PYTHONPATH (its provider
 registration) and ``FLASHINFER_DISABLE_JIT=1``. When it keeps Triton's ``triton_key()`` (written by the
 install that computed it), ``KERNELCACHE_TRITON_KEYS`` and kernelcache's site dir on PYTHONPATH let
-served processes skip hashing libtriton.so (runtime/site/kernelcache_tritonkey.py). When an installed bundle
+served processes skip hashing libtriton.so (hooks/kernelcache_tritonkey.py). When an installed bundle
 carries autotune choices (``kernelcache tune``), ``TRITON_CACHE_AUTOTUNING=1`` lets Triton read them instead of
-timing, and ``KERNELCACHE_AUTOTUNE_CHECK=1`` with the site dir guards that read (runtime/site/kernelcache_autotune.py);
+timing, and ``KERNELCACHE_AUTOTUNE_CHECK=1`` with the site dir guards that read (hooks/kernelcache_autotune.py);
 without choices none of these is set.
 """
 
@@ -21,17 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..bundle.trust import Policy, policy
-from ..cachedir import CacheDir, recover, resolve_cache_dir
+from ..cachedir import CacheDir, recover
 from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
+from ..hooks import kernelcache_autotune, kernelcache_tritonkey
 from . import flashinfer
 from .served import remember_served, snapshot
 from .shell import exec_command, shell_exports
-from .site import kernelcache_autotune, kernelcache_tritonkey
 
 
-def environment(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
-    """The variables that make Triton and FlashInfer use the installed cache at ``cache_dir``."""
-    root = resolve_cache_dir(cache_dir)
+def environment(root: Path) -> dict[str, str]:
+    """The variables that make Triton and FlashInfer use the installed cache at ``root`` (resolved: ``CacheDir``)."""
     variables = {"TRITON_CACHE_DIR": str(root)}
     variables.update(flashinfer.environment(root))
     variables.update(triton_key_environment(root, variables))
@@ -52,7 +51,7 @@ def triton_key_environment(root: Path, variables: dict[str, str]) -> dict[str, s
 
 
 def autotune_environment(root: Path, variables: dict[str, str]) -> dict[str, str]:
-    """Triton's autotune cache on, guarded (runtime/site/kernelcache_autotune.py), if a bundle installed in
+    """Triton's autotune cache on, guarded (hooks/kernelcache_autotune.py), if a bundle installed in
     ``root`` put autotune choices there; nothing otherwise."""
     if not CacheDir(root).choices_installed():
         return {}
@@ -117,14 +116,18 @@ def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | Non
             signature_policy: Policy | None = None) -> tuple[Path, dict[str, str]]:
     """Install ``bundle`` if given (a no-op when already there), finish interrupted installs; the cache dir and
     its variables. ``signature_policy``: what the bundle's signature must be (None: from the environment)."""
-    root = resolve_cache_dir(cache_dir)
+    return prepare_at(bundle, CacheDir.at(cache_dir), force, signature_policy)
+
+
+def prepare_at(bundle: str | os.PathLike | None, cache: CacheDir, force: bool = False,
+               signature_policy: Policy | None = None, asked: bool = False) -> tuple[Path, dict[str, str]]:
+    """``prepare`` for a cache dir already resolved. ``asked``: the caller already asked whether ``bundle`` was
+    checked here before, and had no answer (else the install step asks, and loads the installer only when the
+    answer is no)."""
+    root = cache.root
     if bundle is not None:
         signature_policy = signature_policy or policy()
-    if bundle is not None and _not_checked(bundle, cache_dir, signature_policy):
-        from ..install import install
-
-        root = install(bundle, cache_dir, force=force, require_signature=signature_policy.require,
-                       trusted_keys=signature_policy.keys).cache_dir
+        root = _install(bundle, cache, force, signature_policy, asked)
     check_read_only(root)
     if root.is_dir() and os.access(root, os.W_OK):
         recover(root)
@@ -134,11 +137,17 @@ def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | Non
     return root, variables
 
 
-def _not_checked(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None, signature_policy: Policy) -> bool:
-    """Whether ``bundle`` needs the installer: not accepted here before under what holds now (cachedir/checked.py)."""
-    from ..cachedir.checked import find_checked
+def _install(bundle: str | os.PathLike, cache: CacheDir, force: bool, signature_policy: Policy, asked: bool) -> Path:
+    """Install ``bundle`` into ``cache`` (install.py ``install_into``), loading the installer only when the bundle was
+    not accepted here before under what holds now (cachedir/checked.py: asked once, here or by the caller)."""
+    if not asked:
+        from ..cachedir.checked import find_checked
 
-    return find_checked(bundle, cache_dir, policy=signature_policy) is None
+        if find_checked(bundle, cache.root, policy=signature_policy) is not None:
+            return cache.root
+    from ..install import install_into
+
+    return install_into(bundle, cache, force=force, signature_policy=signature_policy, asked=True).cache_dir
 
 
 def check_read_only(root: Path) -> None:
@@ -180,12 +189,10 @@ def activate(*, bundle: str | os.PathLike | None = None, cache_dir: str | os.Pat
     """
     if bundle is not None and not Path(bundle).is_file():
         raise UsageError(f"bundle {bundle} does not exist (or is not a file)")
-    if bundle is None:
-        root = resolve_cache_dir(cache_dir)
-        if not root.is_dir():
-            raise UsageError(f"cache dir {root} does not exist; install a bundle into it first "
-                             "(or pass bundle=...)")
-    _, variables = prepare(bundle, cache_dir, force, policy(require_signature, trusted_keys) if bundle else None)
+    cache = CacheDir.at(cache_dir)
+    if bundle is None and not cache.root.is_dir():
+        raise UsageError(f"cache dir {cache.root} does not exist; install a bundle into it first (or pass bundle=...)")
+    _, variables = prepare_at(bundle, cache, force, policy(require_signature, trusted_keys) if bundle else None)
     _refuse_if_pinned(variables["TRITON_CACHE_DIR"])
     if any(flashinfer.is_site_path(p) for p in variables.get("PYTHONPATH", "").split(os.pathsep)):
         _refuse_if_flashinfer_loaded()

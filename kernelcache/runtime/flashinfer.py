@@ -23,7 +23,7 @@ from ..cachedir import STATE_DIR
 from ..cachedir.flashinfer_site import SHIM_PACKAGE, SITE_DIR, ensure_site, installed_modules, providers
 from ..errors import FingerprintMismatch
 from ..format.envscan import distribution_version
-from .site.kernelcache_tritonkey import say
+from ..hooks.kernelcache_tritonkey import say
 from .workspace import workspace_base
 
 # -- the environment --------------------------------------------------------------------------------

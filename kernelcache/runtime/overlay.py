@@ -4,7 +4,7 @@
 base is an installed cache that cannot be written (an image layer, an OCI image volume, a
 read-only PVC); it is checked, never changed. The overlay is a writable dir (an emptyDir) where
 the misses are compiled, and the miss log lists them for ``kernelcache build --from-misses``.
-The manager itself is ``runtime/site/kernelcache_overlay.py``, which the served interpreter
+The manager itself is ``hooks/kernelcache_overlay.py``, which the served interpreter
 imports from ``PYTHONPATH``.
 """
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 from ..cachedir import STATE_DIR, CacheDir, resolve_cache_dir
 from ..errors import BaseUnusable, StorageError, UsageError
-from .site import kernelcache_autotune, kernelcache_tritonkey
+from ..hooks import kernelcache_autotune, kernelcache_tritonkey
 
-SITE_DIR = Path(__file__).resolve().parent / "site"
+SITE_DIR = Path(__file__).resolve().parents[1] / "hooks"
 MANAGER = "kernelcache_overlay:OverlayCacheManager"
 OVERLAY_ENV = "KERNELCACHE_OVERLAY"
 
@@ -48,7 +48,7 @@ class Overlay:
         return kernelcache_autotune.environment() if CacheDir(self.base).choices_installed() else {}
 
     def _triton_keys(self) -> dict[str, str]:
-        """The base's kept ``triton_key()`` values (runtime/site/kernelcache_tritonkey.py), if it has any."""
+        """The base's kept ``triton_key()`` values (hooks/kernelcache_tritonkey.py), if it has any."""
         folder = CacheDir(self.base).triton_keys
         return {kernelcache_tritonkey.ENV_VAR: str(folder)} if folder.is_dir() else {}
 

@@ -37,7 +37,8 @@ import json
 import os
 import sys
 
-from ..cachedir.layout import FLASHINFER_MODULES_DIR, STATE_DIR, cache_root, keep_newest, kept_records, unfinished
+from ..cachedir.layout import FLASHINFER_MODULES_DIR, STATE_DIR, keep_newest, kept_records, unfinished
+from ..hooks.kernelcache_records import SAME_INODE, stamp
 from ..version import __version__
 from .workspace import workspace_base
 
@@ -54,14 +55,6 @@ def _inputs(root: str) -> dict:
 def _record_path(root: str, inputs: dict) -> str:
     name = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
     return os.path.join(root, STATE_DIR, "served", f"{name}.json")
-
-
-def _stamp(path: str) -> list[int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _state_paths(root: str) -> list[str]:
@@ -82,15 +75,17 @@ def _usable(root: str) -> bool:
 
 def snapshot(root: str | os.PathLike) -> dict:
     """The stamps of what the variables are computed from, and the workspace choice, taken before computing them:
-    ``remember_served`` keeps a record only if they still hold afterwards (nothing changed meanwhile)."""
-    root = cache_root(root)
-    return {"stamps": [[p, _stamp(p)] for p in _state_paths(root)], "workspace": workspace_base(root, dict(os.environ))}
+    ``remember_served`` keeps a record only if they still hold afterwards (nothing changed meanwhile). ``root``: the
+    cache dir as resolved once (``cachedir.layout.cache_root``, ``CacheDir.root``), as in every function here."""
+    root = os.fspath(root)
+    return {"stamps": [[p, stamp(p, SAME_INODE)] for p in _state_paths(root)],
+            "workspace": workspace_base(root, dict(os.environ))}
 
 
 def remember_served(root: str | os.PathLike, variables: dict[str, str], before: dict) -> None:
     """Keep ``variables``, computed for the cache dir ``root`` from this process's environment after ``before``
     (``snapshot``) was taken. A cache dir that cannot take the record only loses the speed-up."""
-    root = cache_root(root)
+    root = os.fspath(root)
     if not _usable(root) or snapshot(root) != before:  # not writable, or something changed while they were computed
         _say("served variables", "not kept for the next start", f"{root} is not writable, an install there is "
              "unfinished, or something changed while they were computed")
@@ -98,7 +93,7 @@ def remember_served(root: str | os.PathLike, variables: dict[str, str], before: 
     inputs = _inputs(root)
     known = {p for p, _ in before["stamps"]}
     added = [p for p in dict.fromkeys(variables.get("PYTHONPATH", "").split(os.pathsep)) if p and p not in known]
-    record = {"inputs": inputs, "stamps": before["stamps"] + [[p, _stamp(p)] for p in added],
+    record = {"inputs": inputs, "stamps": before["stamps"] + [[p, stamp(p, SAME_INODE)] for p in added],
               "workspace": before["workspace"], "variables": variables}
     from pathlib import Path
 
@@ -115,11 +110,10 @@ def remember_served(root: str | os.PathLike, variables: dict[str, str], before: 
     _say("served variables", "kept for the next start", str(path))
 
 
-def find_served(cache_dir: str | os.PathLike | None) -> dict[str, str] | None:
-    """The variables ``env`` computed for this cache dir and this process's inputs, when everything they rested
-    on holds now; None whenever they must be computed again. Under KERNELCACHE_DEBUG it says which, and why."""
-    root = cache_root(cache_dir)
-    variables, why = _check(root)
+def find_served(root: str | os.PathLike) -> dict[str, str] | None:
+    """The variables ``env`` computed for the cache dir ``root`` and this process's inputs, when everything they
+    rested on holds now; None whenever they must be computed again. Under KERNELCACHE_DEBUG it says which, and why."""
+    variables, why = _check(os.fspath(root))
     _say("kept served variables", "used" if variables is not None else "refused, computed again", why)
     return variables
 
@@ -138,11 +132,11 @@ def _check(root: str) -> tuple[dict[str, str] | None, str]:
     if not isinstance(variables, dict) or not isinstance(stamps, list) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in variables.items()):
         return None, f"{path} is malformed"
-    for stamp in stamps:
-        if not (isinstance(stamp, list) and len(stamp) == 2 and isinstance(stamp[0], str)):
+    for kept in stamps:
+        if not (isinstance(kept, list) and len(kept) == 2 and isinstance(kept[0], str)):
             return None, f"{path} is malformed"
-        if _stamp(stamp[0]) != stamp[1]:
-            return None, f"{stamp[0]} changed since the record"
+        if stamp(kept[0], SAME_INODE) != kept[1]:
+            return None, f"{kept[0]} changed since the record"
     if record.get("workspace") != workspace_base(root, dict(os.environ)):
         return None, "FlashInfer's workspace choice changed"
     try:  # noqa: SIM105 -- contextlib is one more import on every pod start
@@ -153,9 +147,9 @@ def _check(root: str) -> tuple[dict[str, str] | None, str]:
 
 
 def _say(subject: str, outcome: str, why: str) -> None:
-    """The debug log's line (runtime/site/kernelcache_tritonkey.say), importing nothing when it is off."""
+    """The debug log's line (hooks/kernelcache_tritonkey.say), importing nothing when it is off."""
     if os.environ.get("KERNELCACHE_DEBUG", "") not in ("", "0"):
-        from .site.kernelcache_tritonkey import say
+        from ..hooks.kernelcache_tritonkey import say
 
         say(subject, outcome, why)
 
@@ -171,7 +165,8 @@ def _read(path: str) -> dict | None:
 
 def _stamps_hold(stamps: object) -> bool:
     return isinstance(stamps, list) and all(
-        isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and _stamp(s[0]) == s[1] for s in stamps)
+        isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and stamp(s[0], SAME_INODE) == s[1]
+        for s in stamps)
 
 
 # -- for cache management (kernelcache ls / prune) --------------------------------------------------
@@ -180,7 +175,7 @@ def _stamps_hold(stamps: object) -> bool:
 def last_served(root: str | os.PathLike) -> float | None:
     """When ``env``, ``run`` or ``activate()`` last served the cache dir ``root`` (where it was writable): the
     newest record's mtime. None when none is kept."""
-    found = kept_records(cache_root(root), "served")
+    found = kept_records(os.fspath(root), "served")
     return found[0][1] if found else None
 
 

@@ -203,7 +203,7 @@ class Watch:
         def counted(name, *args, **kwargs):
             so = original(name, *args, **kwargs)
             if self.on:
-                from kernelcache.runtime.site.kernelcache_prebuilt import served_by_cache
+                from kernelcache.hooks.kernelcache_prebuilt import served_by_cache
 
                 self.builds.append(f"{name}:{'copied' if served_by_cache(so) else 'gcc'}")
             return so

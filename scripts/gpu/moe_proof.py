@@ -168,7 +168,7 @@ def compare(a: str, b: str) -> dict:
 
 
 def emulate_gemm(a, b, c, sorted_ids, expert_ids, post_pad: int, top_k: int, block_m: int, weights=None):
-    """What ``fused_moe_kernel`` computes (fused_moe.py:298): per M-block of ``sorted_ids`` (or, naive,
+    """What ``fused_moe_kernel`` computes: per M-block of ``sorted_ids`` (or, naive,
     per (token, slot) when ``sorted_ids`` is None), rows ``< num_valid`` get ``A[row // top_k] @ B[e]^T``,
     times the row's routing weight when ``weights`` is given; ``C`` is ``[M, top_k, N]`` flattened by row."""
     flat_c = c.view(-1, c.size(-1))

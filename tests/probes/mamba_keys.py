@@ -4,7 +4,7 @@ config of the autotuned SSD kernels included.
 Written without kernelcache's Mamba exercise code (only its fake driver, fake CUDA tensors and the import shims of
 exercise/fake_ops.py, "the same fake target"): its own CUDA platform (the probes' minimal one plus the capability,
 device name and PDL answer vLLM's CUDA platform gives), the mixer built from a Nemotron-H-style config dict the
-way models/nemotron_h.py:390 builds it, its own state buffer, metadata built by vLLM's
+way ``NemotronHMambaDecoderLayer`` builds it, its own state buffer, metadata built by vLLM's
 ``Mamba2AttentionMetadataBuilder`` from its own ``CommonAttentionMetadata``, and a seeded random sweep of batch
 compositions (decodes, fresh and continued prefills, mixes) within the limits, after the engine's profile run.
 
@@ -56,7 +56,7 @@ class MambaProbeCuda(type(vllm.platforms._current_platform)):
 
     @classmethod
     def is_arch_support_pdl(cls):
-        return capability >= 90  # platforms/cuda.py:738
+        return capability >= 90  # CudaPlatform.is_arch_support_pdl
 
 
 vllm.platforms._current_platform = MambaProbeCuda()
@@ -66,7 +66,7 @@ from kernelcache.exercise import fake_ops  # noqa: E402
 from kernelcache.exercise.fake_device import fake_cuda  # noqa: E402
 
 fake_ops.install()
-if not hasattr(torch.ops._C, "cutlass_scaled_mm_supports_fp8"):  # quantization/online/fp8.py:193, at import
+if not hasattr(torch.ops._C, "cutlass_scaled_mm_supports_fp8"):  # online fp8 linear methods ask it at import
     _lib = torch.library.Library("_C", "FRAGMENT")
     _lib.define("cutlass_scaled_mm_supports_fp8(int cuda_device_capability) -> bool")
     _lib.impl("cutlass_scaled_mm_supports_fp8", lambda c: c >= 89, "CompositeExplicitAutograd")
@@ -104,7 +104,7 @@ def config_for():
 
 
 def build(vc):
-    """nemotron_h.py:390's arguments, from the config dict."""
+    """``MambaMixer2`` with the arguments ``NemotronHMambaDecoderLayer`` passes, from the config dict."""
     with set_current_vllm_config(vc), set_default_torch_dtype(dtype), torch.device("cuda"):
         mixer = mamba_mixer2.MambaMixer2(
             hidden_size=cfg["hidden_size"], ssm_state_size=cfg["ssm_state_size"],

@@ -66,10 +66,10 @@ def _attach(knobs) -> None:
 
 def _record_compiles(triton) -> None:
     """Every compile() and gcc build of this process into KERNELCACHE_COMPILE_LOG."""
-    from kernelcache.exercise import listener
+    import kernelcache_listener
 
-    listener.install()
-    listener.count_builds()
+    kernelcache_listener.install()
+    kernelcache_listener.count_builds()
 
 
 _RUNNING = "_kernelcache_sitecustomize"  # set on sys while this runs: a copy of this file loaded again does nothing
