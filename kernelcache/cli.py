@@ -162,6 +162,16 @@ def overlay_options(func):
                         help="Serve hits from a read-only base; write misses to an overlay and log them.")(func)
 
 
+class PathOption(click.Option):
+    """``--path``: its help lists the families the registry (plan/families/) holds when help is shown."""
+
+    def get_help_record(self, ctx: click.Context):
+        from .plan.families import path_help
+
+        self.help = path_help()
+        return super().get_help_record(ctx)
+
+
 def plan_options(recipe_help: str):
     """The options ``build`` and ``verify`` share: a recipe, the flags that override its plan (handed on as
     one ``PlanOverrides``, the ``overrides`` argument), and how the exercise processes run."""
@@ -175,13 +185,7 @@ def plan_options(recipe_help: str):
                      help="Model / logits dtype(s): float32 (what registry and mrv1 need), bfloat16, float16; "
                           "moe runs in the ones other than float32."),
         click.option("--max-num-seqs", type=int, default=None, help="vLLM max_num_seqs (the batch range)."),
-        click.option("--path", "paths", multiple=True,
-                     help="Path(s): registry, mrv1, mrv2, flashinfer, mrv1_spec_decode and mrv2_spec_decode "
-                          "(need drafts), moe (needs a MoE model), runner (Model Runner V2's own kernels), "
-                          "attention (needs --attention-backend TRITON_ATTN), mamba (needs a hybrid model), gdn "
-                          "(needs a gated-delta-net model: Qwen3-Next, Qwen3.5), flashinfer_attention (the FlashInfer "
-                          "JIT modules of vLLM's FLASHINFER backend for the model; added by --attention-backend "
-                          "FLASHINFER)."),
+        click.option("--path", "paths", multiple=True, cls=PathOption),
         click.option("--model-config", type=click.Path(dir_okay=False), default=None,
                      help="A local Hugging Face config.json: its vocab, dtype, MoE / attention / Mamba-2 / "
                           "gated-delta-net layers, its name for the bundle."),

@@ -51,7 +51,8 @@ from ..exercise.device_tables import PROFILES_ENV
 from ..exercise.worker import Job
 from ..format.cachekey import KEY_PATTERN
 from ..format.compilelog import read as read_log
-from ..plan.tasks import DEVICE_NAME_MODULES, FLASHINFER_ATTENTION
+from ..plan.families.flashinfer_attention import EXERCISE as FLASHINFER_ATTENTION
+from ..plan.tasks import DEVICE_NAME_MODULES
 from . import RecordCounts
 from .entry import CorruptEntry, pack, unpack
 

@@ -45,7 +45,7 @@ CORE_OPS = ("qwen_gdn_attention_core", "qwen_gdn_attention_core_fused_norm_packe
 
 @dataclass(frozen=True)
 class Dims:
-    """A GDN layer under its config.json names (plan/model.py's ``GdnSpec``), and how the server runs it."""
+    """A GDN layer under its config.json names (plan/families/gdn.py's ``GdnSpec``), and how the server runs it."""
 
     hidden_size: int
     linear_num_key_heads: int

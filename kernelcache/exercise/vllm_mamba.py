@@ -41,7 +41,7 @@ def mamba(*, hidden_size: int, mamba_num_heads: int, mamba_head_dim: int, ssm_st
           entries: list[str] | None = None) -> dict:
     """Run the mixer over every batch composition of ``sweep``; returns what ran, compiled and was faked.
 
-    Arguments are Nemotron-H's config.json names (plan/model.py's ``MAMBA_CONFIG_NAMES`` maps other
+    Arguments are Nemotron-H's config.json names (plan/families/mamba.py's ``MAMBA_CONFIG_NAMES`` maps other
     architectures' names).
     ``mamba_ssm_cache_dtype``: the SSM state dtype (``auto``: the model dtype; Nemotron-H's vLLM config class
     makes ``auto`` float32, ``NemotronHForCausalLMConfig``, so pass what the server resolves). ``entries``: ``profile``,

@@ -24,6 +24,7 @@ from . import fake_ops
 from .fake_runner_ops import runner_ops
 from .vllm_runner import MIXES, Config, host_tensor, logprob_classes, prepare_attn, sampling_params
 from .vllm_sampler import SPLIT_MAX_BATCH, _device_scope, _model_logits, _require_triton, _sm_count, cross
+from .watch import seen
 
 ENTRIES = ("warmup", "batches")
 METHODS = ("eagle3", "eagle")
@@ -388,6 +389,7 @@ def step(state: State, dtype: str, indices: list[int], scheduled: list[int], dra
     import numpy as np
     import torch
 
+    seen("mrv2_spec_decode.step", drafts=drafts)
     spec = state.spec
     batch = prepare_inputs(state, np.array(indices, dtype=np.intp), np.array(scheduled, dtype=np.int32),
                            np.array(drafts, dtype=np.int32) if any(drafts) else None)
@@ -400,8 +402,11 @@ def step(state: State, dtype: str, indices: list[int], scheduled: list[int], dra
             state.req_states.all_token_ids.gpu, state.req_states.num_computed_tokens.gpu,
             state.req_states.prompt_len.np)
     post_update(state, batch, output)
+    seen("mrv2_spec_decode.sampled", output=output)
     propose(state, batch, hidden, output)
+    seen("mrv2_spec_decode.proposed", state=state, batch=batch)
     state.req_states.num_computed_tokens_np[batch.idx_mapping_np] += batch.num_scheduled_tokens
+    seen("mrv2_spec_decode.stepped", drafts=drafts)
 
 
 def sample(state: State, batch: Any, dtype: str, grammar: bool) -> Any:

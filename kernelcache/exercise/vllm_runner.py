@@ -22,6 +22,7 @@ from typing import Any
 
 from .fake_runner_ops import runner_ops
 from .vllm_sampler import _device_scope, _model_logits, _require_triton, _sm_count, batch_classes, cross
+from .watch import seen
 
 PROMPT_LEN = 3  # warmup.py uses decode_query_len + 1 tokens: a prefill that is not a uniform decode
 MAX_LOGPROBS = 20  # vllm/config/model.py ModelConfig.max_logprobs default
@@ -205,7 +206,9 @@ def step(runner_state: Runner, dtype: str, indices: list[int], scheduled: list[i
     if prefill:  # warmup.py builds a GrammarOutput for the prefill step: every request structured
         bitmask = np.full((batch.num_reqs, (runner_state.config.vocab + 31) // 32), -1, dtype=np.int32)
         runner_state.structured_outputs.apply_grammar_bitmask(logits, batch, batch.req_ids, bitmask)
+    seen("runner.sample", batch=batch)
     output = runner_state.sampler(logits, batch)
+    seen("runner.sampled", output=output)
     if prefill:
         hidden = torch.empty((batch.num_tokens, 64), dtype=getattr(torch, dtype), device="cuda")
         runner_state.prompt_logprobs.compute_prompt_logprobs(

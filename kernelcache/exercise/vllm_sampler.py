@@ -26,6 +26,8 @@ import os
 from collections import Counter
 from typing import Any
 
+from .watch import seen
+
 SPLIT_MAX_BATCH = 64  # vllm/v1/sample/ops/topk_topp_triton.py _SPLIT_MAX_BATCH
 VOCAB_PADDING = 64  # vllm/model_executor/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
 
@@ -158,7 +160,8 @@ def mrv1(vocab: int, modes: list[str], batch_sizes: list[int] | None = None, max
                 for with_seed in ([True] if seeded else []) + ([False] if unseeded else []):
                     generators = {0: _generator(seed=0)} if with_seed else {}
                     logits = _model_logits(batch, vocab, getattr(torch, dtype))
-                    sampler(logits=logits, sampling_metadata=_replace(metadata, generators=generators))
+                    output = sampler(logits=logits, sampling_metadata=_replace(metadata, generators=generators))
+                    seen("sampler.sampled", tokens=output.sampled_token_ids)
                     calls[f"{mode}:{dtype}{':seeded' if with_seed else ''}"] += 1
     return {"forward": sampler.topk_topp_sampler.forward.__name__, "batch_sizes": batch_sizes, "calls": dict(calls)}
 
@@ -240,13 +243,15 @@ def mrv2(vocab: int, modes: list[str], model_dtypes: list[str], max_num_reqs: in
                 processed = apply_top_k_top_p(processed, top_k, top_p, has_topp_only_rows=use_p and not use_k)
                 if use_k and use_p:  # a batch mixing top-k rows with top-p-only rows
                     apply_top_k_top_p(processed, top_k, top_p, has_topp_only_rows=True)
-                gumbel_sample(processed, mapping, state["temperature"], state["seeds"], pos,
-                              apply_temperature=False, is_drafting=False, use_fp64=fp64_gumbel)
+                tokens = gumbel_sample(processed, mapping, state["temperature"], state["seeds"], pos,
+                                       apply_temperature=False, is_drafting=False, use_fp64=fp64_gumbel)
+                seen("sampler.sampled", tokens=tokens)
                 calls[f"seeded:{mode}"] += 1
             for name in model_dtypes:  # greedy or unprocessed: raw model-dtype logits
                 logits = _model_logits(batch, vocab, getattr(torch, name))
-                gumbel_sample(logits, mapping, state["temperature"], state["seeds"], pos,
-                              apply_temperature=True, is_drafting=False, use_fp64=fp64_gumbel)
+                tokens = gumbel_sample(logits, mapping, state["temperature"], state["seeds"], pos,
+                                       apply_temperature=True, is_drafting=False, use_fp64=fp64_gumbel)
+                seen("sampler.sampled", tokens=tokens)
                 calls[f"greedy:{name}"] += 1
     return {"batch_sizes": batch_sizes, "calls": dict(calls)}
 

@@ -16,75 +16,44 @@ LlamaConfig). ``sliding_window`` counts only where the model uses it: Qwen2/Qwen
 with ``use_sliding_window: false``; models whose ``layer_types`` mix ``sliding_attention`` and
 ``full_attention`` (Gemma 2/3, gpt-oss) have layers of both kinds.
 
-Hybrid models' Mamba-2 layers (the ``mamba`` path) take their dimensions from names that differ per
-architecture (``MAMBA_CONFIG_NAMES``: what each vLLM 0.33 model file passes to ``MambaMixer2``). The SSM
-state's dtype is the config's ``mamba_ssm_cache_dtype`` where it has one; otherwise ``auto`` (the model's
-dtype), except Nemotron-H, whose vLLM config class turns ``auto`` into float32
-(vllm/model_executor/models/config.py, ``NemotronHForCausalLMConfig``).
-
-Gated-delta-net models (the ``gdn`` path) are the architectures whose vLLM 0.33 model file builds
-``QwenGatedDeltaNetAttention`` from the ``linear_*`` fields (``GDN_ARCHITECTURES``): Qwen3-Next (its fused,
-GQA-interleaved projections) and Qwen3.5 (dense and MoE, text-only and multimodal). Their SSM state's dtype is
-``mamba_ssm_cache_dtype`` where the config has one, else Qwen3.5's ``mamba_ssm_dtype``
-(``Qwen3_5ForConditionalGenerationConfig`` applies it), else ``auto``. Architectures whose linear-attention layers
-are other classes (``GDN_REFUSED``: Kimi's KDA, OLMo's hybrid, Bailing's, and the multimodal wrappers kernelcache has
-not checked) are refused, rather than built without those layers.
+A family's own layers (a hybrid model's Mamba-2 or gated-delta-net layers) are read by the family's declaration
+(plan/families/: ``Family.model_section``): ``ModelSpec.section(key)`` holds them, and plans record each under its
+key.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
 from ..errors import RecipeError
+from . import families
+from .config import integer as _int
 
 MODEL_DTYPES = ("bfloat16", "float16", "float32")
-SSM_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")  # vLLM --mamba-ssm-cache-dtype
-# Per architecture: MambaMixer2's argument -> the config.json field vLLM 0.33's model file reads for it.
-_NEMOTRON_H = {"mamba_num_heads": "mamba_num_heads", "mamba_head_dim": "mamba_head_dim",
-               "ssm_state_size": "ssm_state_size", "n_groups": "n_groups", "conv_kernel": "conv_kernel",
-               "chunk_size": "chunk_size"}  # models/nemotron_h.py (NemotronHMambaDecoderLayer)
-_GRANITE_FALCON = {"mamba_num_heads": "mamba_n_heads", "mamba_head_dim": "mamba_d_head",
-                   "ssm_state_size": "mamba_d_state", "n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv",
-                   "chunk_size": "mamba_chunk_size"}  # models/granitemoehybrid.py, models/falcon_h1.py
-MAMBA_CONFIG_NAMES = {
-    "NemotronHForCausalLM": _NEMOTRON_H,
-    "GraniteMoeHybridForCausalLM": _GRANITE_FALCON,
-    "FalconH1ForCausalLM": _GRANITE_FALCON,
-    "Mamba2ForCausalLM": {"mamba_num_heads": "num_heads", "mamba_head_dim": "head_dim",  # models/mamba2.py
-                          "ssm_state_size": "state_size", "n_groups": "n_groups", "conv_kernel": "conv_kernel",
-                          "chunk_size": "chunk_size"},
-}
-_SSM_CACHE_DEFAULT = {"NemotronHForCausalLM": "float32"}
-# Per architecture: how vLLM 0.33's model file builds QwenGatedDeltaNetAttention (gqa_interleaved_layout).
-GDN_ARCHITECTURES = {"Qwen3NextForCausalLM": "interleaved",  # models/qwen3_next.py
-                     "Qwen3_5ForCausalLM": "flat", "Qwen3_5MoeForCausalLM": "flat",  # models/qwen3_5.py
-                     "Qwen3_5ForConditionalGeneration": "flat", "Qwen3_5MoeForConditionalGeneration": "flat"}
-_GDN_SSM_DTYPE_FIELD = {a: "mamba_ssm_dtype" for a in GDN_ARCHITECTURES if a.startswith("Qwen3_5")}
-GDN_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-              "linear_conv_kernel_dim")
-# Architectures vLLM 0.33 builds linear-attention (GDN / KDA) layers for that the gdn path does not drive.
-GDN_REFUSED = {
-    "KimiLinearForCausalLM": "KDA layers (ops/kda.py)", "AliceAIForCausalLM": "KimiGatedDeltaNetAttention (KDA)",
-    "BailingMoeV3ForCausalLM": "BailingMoeV3KimiDeltaAttention (KDA)",
-    "BailingMoeV3VLForConditionalGeneration": "BailingMoeV3KimiDeltaAttention (KDA)",
-    "OlmoHybridForCausalLM": "OlmoHybridGatedDeltaNetAttention",
-    "InternS2MobiusForConditionalGeneration": "QwenGatedDeltaNetAttention inside a multimodal wrapper whose config "
-                                              "kernelcache has not checked",
-    "MiniCPMV4_6ForConditionalGeneration": "QwenGatedDeltaNetAttention inside a multimodal wrapper whose config "
-                                           "kernelcache has not checked",
-    "Qwen4ExpForCausalLM": "several linear-attention state layouts", "Qwen4ExpForConditionalGeneration":
-        "several linear-attention state layouts"}
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
-# What a recipe's [model] table may hold (a config.json holds much more, which is ignored).
-RECIPE_KEYS = {"name", "architectures", "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
-               "num_experts_per_tok", "num_attention_heads", "num_key_value_heads", "head_dim",
-               "max_position_embeddings", "torch_dtype", "dtype", "sliding_window", "use_sliding_window",
-               "layer_types", "mamba_ssm_cache_dtype", "mamba_ssm_dtype", "attn_logit_softcapping", *_EXPERT_KEYS,
-               *GDN_FIELDS,
-               *{name for names in MAMBA_CONFIG_NAMES.values() for name in names.values()}}
+# What a recipe's [model] table may hold besides the families' own layers' fields (recipe_keys()); a config.json
+# holds much more, which is ignored.
+_COMMON_KEYS = {"name", "architectures", "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+                "num_experts_per_tok", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "max_position_embeddings", "torch_dtype", "dtype", "sliding_window", "use_sliding_window",
+                "layer_types", "attn_logit_softcapping", *_EXPERT_KEYS}
+
+
+def sections() -> tuple:
+    """The families' model sections (``Family.model_section``), in path order: mamba, gdn, then any registered."""
+    return tuple(f.model_section for f in families.families() if f.model_section)
+
+
+def recipe_keys() -> set[str]:
+    """What a recipe's [model] table may hold: the common fields and every family's own."""
+    return _COMMON_KEYS.union(*(s.config_keys for s in sections()))
+
+
+RECIPE_KEYS = recipe_keys()  # the built-in families'; recipe_keys() also has any registered since
 
 
 @dataclass(frozen=True)
@@ -104,16 +73,11 @@ class ModelSpec:
     sliding_window: int = 0  # 0: every attention layer sees the whole context
     full_attention_layers: bool = True  # whether some layers attend to everything (with a window: mixed)
     logits_soft_cap: float = 0.0  # attn_logit_softcapping (Gemma 2): tanh soft-capping of attention logits
-    mamba: MambaSpec | None = None  # a hybrid model's Mamba-2 layers
-    gdn: GdnSpec | None = None  # a hybrid model's gated-delta-net layers
+    layers: tuple[tuple[str, Any], ...] = ()  # (section key, spec) of the families' own layers it has
 
-    @property
-    def is_hybrid(self) -> bool:
-        return self.mamba is not None
-
-    @property
-    def is_gdn(self) -> bool:
-        return self.gdn is not None
+    def section(self, key: str) -> Any:
+        """A family's layers of this model (``ModelSection.key``: mamba, gdn, ...); None when it has none."""
+        return dict(self.layers).get(key)
 
     @property
     def is_moe(self) -> bool:
@@ -127,38 +91,16 @@ class ModelSpec:
         return (0, self.sliding_window) if self.full_attention_layers else (self.sliding_window,)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The common fields, then one key per family section (None where the model has no such layers)."""
+        data = {f.name: getattr(self, f.name) for f in dataclass_fields(self) if f.name != "layers"}
+        specs = dict(self.layers)
+        return {**data, **{s.key: asdict(specs[s.key]) if s.key in specs else None for s in sections()}}
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelSpec:
-        mamba, gdn = data.get("mamba"), data.get("gdn")
-        return cls(**{**data, "mamba": MambaSpec(**mamba) if mamba else None, "gdn": GdnSpec(**gdn) if gdn else None})
-
-
-@dataclass(frozen=True)
-class MambaSpec:
-    """A Mamba-2 layer's dimensions, under MambaMixer2's argument names (exercise/vllm_mamba.py's task)."""
-
-    mamba_num_heads: int
-    mamba_head_dim: int
-    ssm_state_size: int
-    n_groups: int
-    conv_kernel: int
-    chunk_size: int
-    mamba_ssm_cache_dtype: str = "auto"
-
-
-@dataclass(frozen=True)
-class GdnSpec:
-    """A gated-delta-net layer's dimensions under the config.json names (exercise/vllm_gdn.py's task)."""
-
-    linear_num_key_heads: int
-    linear_num_value_heads: int
-    linear_key_head_dim: int
-    linear_value_head_dim: int
-    linear_conv_kernel_dim: int
-    layout: str  # "interleaved" (Qwen3-Next's fused projections) or "flat" (Qwen3.5)
-    mamba_ssm_cache_dtype: str = "auto"
+        keys = {s.key: s for s in sections()}
+        common = {k: v for k, v in data.items() if k not in keys}
+        return cls(**common, layers=tuple((k, keys[k].spec(**data[k])) for k in keys if data.get(k)))
 
 
 def load_config(path: str | Path) -> ModelSpec:
@@ -203,39 +145,24 @@ def parse(data: dict, where: str, name: str = "") -> ModelSpec:
         sliding_window=window,
         full_attention_layers=full_layers,
         logits_soft_cap=_soft_cap(fields, where),
-        mamba=_mamba(fields, architectures[0], where),
-        gdn=_gdn(fields, architectures[0], where),
+        layers=_layers(fields, architectures[0], where),
     )
 
 
-def _mamba(fields: dict, architecture: str, where: str) -> MambaSpec | None:
-    """The Mamba-2 layers of an architecture ``MAMBA_CONFIG_NAMES`` knows (None for any other)."""
-    names = MAMBA_CONFIG_NAMES.get(architecture)
-    if names is None:
-        return None
-    dtype = fields.get("mamba_ssm_cache_dtype") or _SSM_CACHE_DEFAULT.get(architecture, "auto")
-    if dtype not in SSM_CACHE_DTYPES:
-        raise RecipeError(f"{where}: 'mamba_ssm_cache_dtype' must be one of {', '.join(SSM_CACHE_DTYPES)}, "
-                          f"got {dtype!r}")
-    return MambaSpec(**{arg: _int(fields, name, where) for arg, name in names.items()},
-                     mamba_ssm_cache_dtype=dtype)
+def _layers(fields: dict, architecture: str, where: str) -> tuple[tuple[str, Any], ...]:
+    """Each family section's layers the architecture has, in path order."""
+    found = ((s.key, s.parse(fields, architecture, where)) for s in sections())
+    return tuple((key, spec) for key, spec in found if spec is not None)
 
 
-def _gdn(fields: dict, architecture: str, where: str) -> GdnSpec | None:
-    """The gated-delta-net layers of an architecture ``GDN_ARCHITECTURES`` knows (None for one without them)."""
-    if architecture in GDN_REFUSED:
-        raise RecipeError(f"{where}: {architecture} has linear-attention layers kernelcache does not build "
-                          f"({GDN_REFUSED[architecture]}); the gdn path builds "
-                          f"{', '.join(sorted(GDN_ARCHITECTURES))}")
-    layout = GDN_ARCHITECTURES.get(architecture)
-    if layout is None:
-        return None
-    field = "mamba_ssm_cache_dtype" if fields.get("mamba_ssm_cache_dtype") else _GDN_SSM_DTYPE_FIELD.get(architecture)
-    dtype = (fields.get(field) if field else None) or "auto"
-    if dtype not in SSM_CACHE_DTYPES:
-        raise RecipeError(f"{where}: '{field}' must be one of {', '.join(SSM_CACHE_DTYPES)}, got {dtype!r}")
-    return GdnSpec(**{name: _int(fields, name, where) for name in GDN_FIELDS}, layout=layout,
-                   mamba_ssm_cache_dtype=dtype)
+def _soft_cap(fields: dict, where: str) -> float:
+    """``attn_logit_softcapping`` (Gemma 2 passes it to ``Attention`` as ``logits_soft_cap``); null or absent: 0."""
+    value = fields.get("attn_logit_softcapping")
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise RecipeError(f"{where}: model field 'attn_logit_softcapping' must be a non-negative number, got {value!r}")
+    return float(value)
 
 
 def _window(fields: dict, where: str) -> tuple[int, bool]:
@@ -251,16 +178,6 @@ def _window(fields: dict, where: str) -> tuple[int, bool]:
     if "sliding_attention" not in kinds:
         return 0, True
     return window, "full_attention" in kinds
-
-
-def _soft_cap(fields: dict, where: str) -> float:
-    """``attn_logit_softcapping`` (Gemma 2 passes it to ``Attention`` as ``logits_soft_cap``); null or absent: 0."""
-    value = fields.get("attn_logit_softcapping")
-    if value is None:
-        return 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise RecipeError(f"{where}: model field 'attn_logit_softcapping' must be a non-negative number, got {value!r}")
-    return float(value)
 
 
 def _experts(fields: dict, where: str) -> int:
@@ -281,14 +198,4 @@ def _dtype(fields: dict, where: str) -> str:
     value = fields.get("torch_dtype", fields.get("dtype", "bfloat16"))
     if value not in MODEL_DTYPES:
         raise RecipeError(f"{where}: model dtype {value!r} is not one of {', '.join(MODEL_DTYPES)}")
-    return value
-
-
-def _int(fields: dict, key: str, where: str, default: int | None = None) -> int:
-    value: Any = fields.get(key)
-    value = default if value is None else value  # a config's null means "the default" (Mistral's head_dim)
-    if value is None:
-        raise RecipeError(f"{where}: the model config has no '{key}'")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (value == 0 and default is None):
-        raise RecipeError(f"{where}: model field '{key}' must be a positive integer, got {value!r}")
     return value

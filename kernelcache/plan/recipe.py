@@ -26,26 +26,17 @@ from typing import Any
 
 from ..errors import RecipeError, UsageError
 from ..format.manifest import arch_to_capability, capability_to_arch
+from . import families
+from .families.attention import ATTENTION_BACKENDS, KV_CACHE_DTYPES, TRITON_ATTN
+from .families.flashinfer_attention import FLASHINFER
+from .families.gdn import GDN_PREFILL_BACKENDS
 from .gpus import PROFILES, GpuProfile
-from .model import GDN_ARCHITECTURES, MAMBA_CONFIG_NAMES, RECIPE_KEYS, ModelSpec, load_config
+from .model import ModelSpec, load_config, recipe_keys
 from .model import parse as parse_model
 
-PATHS = ("registry", "mrv1", "mrv2", "flashinfer", "mrv1_spec_decode", "mrv2_spec_decode", "moe", "runner",
-         "attention", "mamba", "gdn", "flashinfer_attention")
-SPEC_DECODE_PATHS = ("mrv1_spec_decode", "mrv2_spec_decode")  # each needs drafts (num_speculative_tokens >= 1)
-# vLLM's --attention-backend names that matter here: the attention path builds TRITON_ATTN's kernels; the
-# others are CUDA/C++ (FlashAttention, FlashInfer) and compile no Triton kernel. auto: vLLM's choice, which
-# on NVIDIA GPUs puts FLASH_ATTN (Hopper and older) or FLASHINFER (Blackwell) before TRITON_ATTN
-# (vllm/platforms/cuda.py, _get_backend_priorities).
-ATTENTION_BACKENDS = ("auto", "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN")
-TRITON_ATTN = "TRITON_ATTN"
-FLASHINFER = "FLASHINFER"  # the flashinfer_attention path builds the FlashInfer JIT modules of vLLM's backend
-# vLLM's --kv-cache-dtype; auto: the model's dtype. The attention path builds only auto today (an fp8 KV cache
-# needs the cache-write and attention kernels' fp8 variants, which the exercise does not drive yet).
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
-# vLLM's --gdn-prefill-backend for NVIDIA GPUs; auto: vLLM's choice (FlashInfer's GDN prefill on Hopper, and on
-# Blackwell with 128-dim keys and CUDA 13; the FLA Triton kernels otherwise: _resolve_gdn_prefill_backend).
-GDN_PREFILL_BACKENDS = ("auto", "triton", "flashinfer")
+PATHS = families.names()  # the built-in paths; families.names() also has any registered since
+__all__ = ["ATTENTION_BACKENDS", "GDN_PREFILL_BACKENDS", "KV_CACHE_DTYPES", "PATHS", "TRITON_ATTN", "BuildPlan",
+           "PlanOverrides", "Vocab", "load", "parse", "resolve", "shipped"]
 MODES = ("top_k", "top_p", "top_k_top_p")
 DTYPES = ("float32", "bfloat16", "float16")
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"  # the shipped recipes: kernelcache/recipes/
@@ -116,7 +107,9 @@ class BuildPlan:
     source: str = ""
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        data["model"] = self.model.to_dict() if self.model else None  # its families' sections by their keys
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
@@ -163,10 +156,8 @@ class BuildPlan:
         the mamba or gdn path and, when the plan serves with the Triton attention backend, the attention path
         (unless --path says otherwise)."""
         model = load_config(given.model_config)
-        wanted = ("runner",) + (("moe",) if model.is_moe else ()) + (("mamba",) if model.is_hybrid else ()) + (
-            ("gdn",) if model.is_gdn else ()) + (("attention",) if self.attention_backend == TRITON_ATTN else ()) + (
-            ("flashinfer_attention",) if self.attention_backend == FLASHINFER else ())
-        paths = tuple(p for p in self.paths if p not in ("moe", "mamba", "gdn")) + tuple(
+        wanted = tuple(f.name for f in families.by_model_rank() if f.from_model and f.from_model(model, self))
+        paths = tuple(p for p in self.paths if not families.get(p).model_owned) + tuple(
             p for p in wanted if p not in self.paths)
         return replace(self, model=model, name=_plain_name(model.name), paths=paths,
                        vocabs=(Vocab(model.vocab_size, (model.name,)),), dtypes=_model_dtypes(model))
@@ -179,11 +170,7 @@ class BuildPlan:
         if tensor_parallel_size is not None:
             changes["tensor_parallel_size"] = _positive(tensor_parallel_size, "--tensor-parallel-size", where)
         plan = replace(self, **changes)
-        _check_moe(plan, where)
-        _check_mamba(plan, where)
-        _check_gdn(plan, where)
-        _check_attention(plan, where)
-        _check_flashinfer_attention(plan, where)
+        _check_families(plan, where)
         return plan
 
     def _override_gdn(self, backend) -> BuildPlan:
@@ -193,8 +180,8 @@ class BuildPlan:
                                                          "command line"))
 
     def _override_attention(self, backend, kv_cache_dtype, block_size, explicit_paths: bool) -> BuildPlan:
-        """--attention-backend TRITON_ATTN adds the attention path and FLASHINFER the flashinfer_attention path (a
-        named backend drops the other's; auto keeps what the plan has) unless --path named the paths;
+        """--attention-backend TRITON_ATTN adds the attention path and FLASHINFER the flashinfer_attention path (for
+        a model; a named backend drops the other's, auto keeps what the plan has) unless --path named the paths;
         --kv-cache-dtype and --block-size set what their kernels are built for."""
         where = "command line"
         changes: dict[str, Any] = {}
@@ -209,8 +196,8 @@ class BuildPlan:
         if block_size is not None:
             changes["block_size"] = _positive(block_size, "--block-size", where)
         plan = replace(self, **changes)
-        _check_attention(plan, where)
-        _check_flashinfer_attention(plan, where)
+        _check_families(plan, where, only="attention")
+        _check_families(plan, where, only="flashinfer_attention")
         return plan
 
     def _override_serving(self, num_speculative_tokens, max_model_len) -> BuildPlan:
@@ -236,7 +223,7 @@ class BuildPlan:
         if max_num_seqs is not None:
             changes["max_num_seqs"] = _positive(max_num_seqs, "--max-num-seqs", where)
         if paths:
-            changes["paths"] = _choices(paths, PATHS, "--path", where)
+            changes["paths"] = _choices(paths, families.names(), "--path", where)
         return replace(self, **changes)
 
 
@@ -299,7 +286,7 @@ def parse(data: dict, where: str) -> BuildPlan:
     default_dtypes = list(_model_dtypes(model)) if model else list(DTYPES)
     plan = BuildPlan(
         name=_file_word(data.get("name", Path(where).stem), "name", where),
-        paths=_choices(vllm.get("paths", list(PATHS)), PATHS, "vllm.paths", where),
+        paths=_choices(vllm.get("paths", list(families.names())), families.names(), "vllm.paths", where),
         vocabs=_vocabs(data.get("vocab"), model, where),
         dtypes=_choices(vllm.get("logits_dtypes", default_dtypes), DTYPES, "vllm.logits_dtypes", where),
         modes=_choices(vllm.get("modes", list(MODES)), MODES, "vllm.modes", where),
@@ -325,33 +312,15 @@ def parse(data: dict, where: str) -> BuildPlan:
         source=where,
     )
     if "paths" not in vllm:  # the default (every path): moe only for a MoE model, attention only with TRITON_ATTN
-        plan = replace(plan, paths=tuple(p for p in plan.paths if _default_path(p, plan)))
+        plan = replace(plan, paths=tuple(p for p in plan.paths if families.get(p).default(plan)))
     else:  # named on purpose: the default runs the spec-decode paths only with drafts
         _check_spec_decode(plan.paths, plan.num_speculative_tokens, where)
-    _check_moe(plan, where)
-    _check_mamba(plan, where)
-    _check_gdn(plan, where)
-    _check_attention(plan, where)
-    _check_flashinfer_attention(plan, where)
+    _check_families(plan, where)
     return plan
 
 
-def _default_path(path: str, plan: BuildPlan) -> bool:
-    if path == "moe":
-        return bool(plan.model and plan.model.is_moe)
-    if path == "mamba":
-        return bool(plan.model and plan.model.is_hybrid)
-    if path == "gdn":
-        return bool(plan.model and plan.model.is_gdn)
-    if path == "attention":
-        return plan.model is not None and plan.attention_backend == TRITON_ATTN
-    if path == "flashinfer_attention":
-        return plan.model is not None and plan.attention_backend == FLASHINFER
-    return True
-
-
 def _model(table: Any, where: str, name: str) -> ModelSpec:
-    _known(_table(table, "model", where), RECIPE_KEYS, "model.", where)
+    _known(_table(table, "model", where), recipe_keys(), "model.", where)
     return parse_model(table, where, name)
 
 
@@ -369,83 +338,16 @@ def _model_dtypes(model: ModelSpec) -> tuple[str, ...]:
 
 
 def _check_spec_decode(paths: tuple[str, ...], num_speculative_tokens: int, where: str) -> None:
-    for path in SPEC_DECODE_PATHS:
-        if path in paths and num_speculative_tokens < 1:
-            raise RecipeError(f"{where}: the {path} path needs num_speculative_tokens >= 1 (drafts per request)")
+    for family in families.families():
+        if family.needs_drafts and family.name in paths and num_speculative_tokens < 1:
+            raise RecipeError(f"{where}: the {family.name} path needs num_speculative_tokens >= 1 (drafts per request)")
 
 
-def _check_mamba(plan: BuildPlan, where: str) -> None:
-    if "mamba" not in plan.paths:
-        return
-    model = plan.model
-    if model is None or model.mamba is None:
-        what = "no model" if model is None else f"{model.name} ({model.architecture}), which has none"
-        raise RecipeError(f"{where}: the mamba path needs a hybrid model with Mamba-2 layers (architectures: "
-                          f"{', '.join(MAMBA_CONFIG_NAMES)}), the plan has {what}")
-    if model.mamba.mamba_num_heads % plan.tensor_parallel_size:
-        raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
-                          f"{model.name}'s {model.mamba.mamba_num_heads} Mamba heads")
-
-
-def _check_gdn(plan: BuildPlan, where: str) -> None:
-    if "gdn" not in plan.paths:
-        return
-    model = plan.model
-    if model is None or model.gdn is None:
-        what = "no model" if model is None else f"{model.name} ({model.architecture}), which has none"
-        raise RecipeError(f"{where}: the gdn path needs a model with gated-delta-net layers (architectures: "
-                          f"{', '.join(GDN_ARCHITECTURES)}), the plan has {what}")
-    heads = (model.gdn.linear_num_key_heads, model.gdn.linear_num_value_heads)
-    if any(h % plan.tensor_parallel_size for h in heads):
-        raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
-                          f"{model.name}'s {heads[0]} key / {heads[1]} value heads of its gated-delta-net layers")
-
-
-def _check_moe(plan: BuildPlan, where: str) -> None:
-    if "moe" not in plan.paths:
-        return
-    model = plan.model
-    if model is None or not model.is_moe:
-        what = "no model" if model is None else f"the dense model {model.name}"
-        raise RecipeError(f"{where}: the moe path needs a mixture-of-experts model ([model] or --model-config), "
-                          f"the plan has {what}")
-    if model.moe_intermediate_size % plan.tensor_parallel_size:
-        raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
-                          f"{model.name}'s expert width {model.moe_intermediate_size}")
-
-
-def _check_attention(plan: BuildPlan, where: str) -> None:
-    if "attention" not in plan.paths:
-        return
-    if plan.attention_backend != TRITON_ATTN:
-        raise RecipeError(f"{where}: the attention path builds vLLM's Triton attention backend; it needs "
-                          f"attention_backend = TRITON_ATTN (--attention-backend), the plan has "
-                          f"{plan.attention_backend}")
-    if plan.kv_cache_dtype != "auto":
-        raise RecipeError(f"{where}: the attention path builds kv_cache_dtype auto only (the model's dtype); "
-                          f"an {plan.kv_cache_dtype} KV cache's Triton kernels are not exercised yet")
-    _check_heads(plan, "attention", where)
-
-
-def _check_heads(plan: BuildPlan, path: str, where: str) -> None:
-    """An attention path needs a model whose attention heads the tensor-parallel size divides."""
-    model = plan.model
-    if model is None or not model.num_attention_heads:
-        raise RecipeError(f"{where}: the {path} path needs a model with num_attention_heads ([model] or "
-                          "--model-config)")
-    if model.num_attention_heads % plan.tensor_parallel_size:
-        raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
-                          f"{model.name}'s {model.num_attention_heads} attention heads")
-
-
-def _check_flashinfer_attention(plan: BuildPlan, where: str) -> None:
-    if "flashinfer_attention" not in plan.paths:
-        return
-    if plan.attention_backend not in (FLASHINFER, "auto"):
-        raise RecipeError(f"{where}: the flashinfer_attention path builds vLLM's FlashInfer attention backend; it "
-                          f"needs attention_backend = FLASHINFER (or auto, where vLLM picks FlashInfer), the plan has "
-                          f"{plan.attention_backend}")
-    _check_heads(plan, "flashinfer_attention", where)
+def _check_families(plan: BuildPlan, where: str, only: str | None = None) -> None:
+    """Each planned family's own check (moe's model, attention's backend, ...), in the families' model order."""
+    for family in families.by_model_rank():
+        if family.name in plan.paths and only in (None, family.name):
+            family.check(plan, where)
 
 
 def _plain_name(name: str) -> str:

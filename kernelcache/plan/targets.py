@@ -18,24 +18,14 @@ from pathlib import Path
 from ..errors import PathUnavailable, UsageError
 from ..format.fingerprint import package_version
 from ..format.manifest import DEVICE_NAME_PATHS, arch_to_capability
+from . import families
 from .gpus import PROFILES, GpuProfile, VisibleGpu, profile_for
 from .recipe import BuildPlan
 
-REQUIRED_MODULES = {
-    "registry": ("vllm.model_executor.warmup.jit_warmup", "vLLM's JIT warmup registry"),
-    "mrv1": ("vllm.v1.sample.sampler", "the V1 (MRV1) Sampler"),
-    "mrv2": ("vllm.v1.worker.gpu.sample.gumbel", "Model Runner V2's Gumbel sampler"),
-    "flashinfer": ("flashinfer", "flashinfer-python"),
-    "mrv1_spec_decode": ("vllm.v1.spec_decode.utils", "vLLM's speculative-decoding kernels"),
-    "mrv2_spec_decode": ("vllm.v1.worker.gpu.spec_decode.rejection_sampler",
-                         "Model Runner V2's speculative decoding"),
-    "moe": ("vllm.model_executor.layers.fused_moe.fused_moe", "vLLM's fused-MoE Triton kernels"),
-    "runner": ("vllm.v1.worker.gpu.input_batch", "Model Runner V2's input batch"),
-    "attention": ("vllm.v1.attention.backends.triton_attn", "vLLM's Triton attention backend"),
-    "mamba": ("vllm.model_executor.layers.mamba.mamba_mixer2", "vLLM's Mamba-2 mixer"),
-    "gdn": ("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", "vLLM's gated-delta-net layer"),
-    "flashinfer_attention": ("vllm.v1.attention.backends.flashinfer", "vLLM's FlashInfer attention backend"),
-}
+
+def required_module(path: str) -> tuple[str, str]:
+    """(the module a path needs installed, what to call it): the family's own declaration."""
+    return families.get(path).requires
 
 
 def device_keyed(plan: BuildPlan) -> bool:
@@ -67,7 +57,7 @@ def check_paths(plan: BuildPlan) -> None:
     if importlib.util.find_spec("vllm") is None:
         raise PathUnavailable("vLLM is not installed here; `kernelcache build` runs vLLM's own sampler code")
     for path in plan.paths:
-        module, what = REQUIRED_MODULES[path]
+        module, what = required_module(path)
         if not _module_file(module):
             where = "installed" if path == "flashinfer" else f"in the installed vllm {package_version('vllm')}"
             raise PathUnavailable(

@@ -4,20 +4,20 @@
 # the h100-sxm and h200 bundles hold different kernels.
 #   usage: bash scripts/gpu/h200_device_keys.sh DIR   (DIR holds <name>-sm_90-h100-sxm.tar.zst and ...-h200.tar.zst)
 # For each bundle: `kernelcache install` at a new path under its own HOME (rc and output kept). The bundle that
-# install accepts runs vLLM's MoE layer (scripts/gpu/moe_proof.py, Mixtral dims) over MS token counts in a fresh
-# process, after a cold run on an empty cache; outputs compared. The refused one is installed again with --force
+# install accepts runs vLLM's MoE layer (the moe check, scripts/gpu/checks/moe.py, through scripts/gpu/prove.py
+# --child with the h200 bundle's moe task: Mixtral dims, every token count of checks/moe.py up to its
+# max_num_batched_tokens) in a fresh process, after a cold run on an empty cache; outputs compared. The refused one is installed again with --force
 # and run too, to show what the refusal saved (its compiles). Results: $OUT/device_keys.json and logs.
 # Run from the repo root with carry [".carry"] (scripts/gpu/prepare_carry.sh makes the vLLM tree).
 set -uo pipefail
 dir=${1:?usage: h200_device_keys.sh DIR}
-MS=${MS:-1,2,3,5,17,64,100,255,256,333,512,1000,2048}
 source scripts/gpu/harness.sh /tmp/kcdk
-dims=(--num-experts 8 --hidden-size 4096 --intermediate-size 14336 --top-k 2)
+tasks=$(python3 scripts/gpu/prove.py moe --bundle "moe=$(ls "$dir"/*-sm_90-h200.tar.zst | head -1)" --print-tasks)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-echo "gpu=$gpu ms=$MS" >> "$OUT/env.txt"
+echo "gpu=$gpu tasks=$tasks" >> "$OUT/env.txt"
 run() {  # run NAME CACHE
-  timeout 400 python3 scripts/gpu/moe_proof.py run --cache-dir "$2" --ms "$MS" "${dims[@]}" \
-    --out "$OUT/moe-$1.json" --outputs "$T/outputs-$1.pt" > "$OUT/moe-$1.log" 2>&1
+  TRITON_CACHE_DIR=$2 timeout 400 python3 scripts/gpu/prove.py --child moe --tasks "$tasks" \
+    --result "$OUT/moe-$1.json" > "$OUT/moe-$1.log" 2>&1
   echo "$1 rc=$?"
 }
 mkdir -p "$T/cold"
@@ -34,7 +34,7 @@ for bundle in "$dir"/*-sm_90-h100-sxm.tar.zst "$dir"/*-sm_90-h200.tar.zst; do
     echo "install --force $name rc=$?"
   fi
   run "$name" "$T/$name/cache"
-  python3 scripts/gpu/moe_proof.py compare "$T/outputs-cold.pt" "$T/outputs-$name.pt" > "$OUT/compare-$name.json" 2>&1
+  python3 scripts/gpu/prove.py --compare "$OUT/moe-cold.json" "$OUT/moe-$name.json" > "$OUT/compare-$name.json" 2>&1
 done
 python3 - "$OUT" "$gpu" <<'EOF' > "$OUT/device_keys.json"
 import json, re, sys

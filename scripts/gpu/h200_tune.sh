@@ -6,8 +6,9 @@
 #          --arch sm_90 --gpu h100-sxm --gpu h200 --path mamba --max-num-seqs 8 --max-num-batched-tokens 512 -o DIR)
 # The bundle of the visible GPU's product (H100 SXM or H200) is tuned: `kernelcache tune` installs it into a fresh
 # cache dir, replays its plan natively with Triton's autotune cache on (0 compiles expected), and writes the
-# tuned bundle. Then scripts/gpu/mamba_check.py runs the layer's steps (prefill, decode, decode x8, mixed,
-# continued chunked prefill, a 512-token prefill) in a fresh process each, every bundle installed at its own new
+# tuned bundle. Then the Mamba-2 check (scripts/gpu/checks/mamba.py, through scripts/gpu/prove.py --child with the
+# bundle's mamba task) runs the layer's steps (prefill, decode, decode x8, mixed, continued chunked prefill, a
+# 512-token prefill) in a fresh process each, every bundle installed at its own new
 # path: cold (empty cache); today's bundle with plain TRITON_CACHE_DIR (as BENCHMARKS' 5.9 s row was measured);
 # a second process on that same cache dir (whatever Triton kept from the first); today's bundle served through
 # `kernelcache run`; the tuned bundle with plain TRITON_CACHE_DIR (vLLM's own
@@ -35,10 +36,11 @@ mkdir -p "$HOME" "$TMPDIR" "$T/cold"
 timeout 300 python3 -m kernelcache tune "$bundle" -o "$T/tuned.tar.zst" --json > "$OUT/tune.json" 2> "$OUT/tune.err"
 echo "tune rc=$?" | tee -a "$OUT/tune.err"
 python3 -m kernelcache inspect "$T/tuned.tar.zst" > "$OUT/inspect-tuned.txt" 2>&1
-check() {  # check RUN CACHE [served]: one fresh process of mamba_check.py
+tasks=$(python3 scripts/gpu/prove.py mamba --bundle "mamba=$bundle" --print-tasks)
+check() {  # check RUN CACHE [served]: one fresh process of the Mamba-2 check
   local name=$1 cache=$2 served=${3:-}
-  local cmd=(python3 scripts/gpu/mamba_check.py run --cache-dir "$cache" --out "$OUT/mamba-$name.json"
-             --outputs "$T/outputs-$name.pt")
+  local cmd=(env TRITON_CACHE_DIR="$cache" python3 scripts/gpu/prove.py --child mamba --tasks "$tasks"
+             --result "$OUT/mamba-$name.json")
   if [ -n "$served" ]; then cmd=(python3 -m kernelcache run --cache-dir "$cache" -- "${cmd[@]}"); fi
   timeout 200 "${cmd[@]}" > "$OUT/mamba-$name.log" 2>&1
   echo "$name rc=$?"
@@ -63,17 +65,17 @@ if want chosen; then
   mkdir -p "$T/chosen"
   python3 scripts/gpu/seed_choices.py "$T/tuned.tar.zst" "$T/chosen" > "$OUT/seed.txt" 2>&1
   check chosen "$T/chosen"
-  python3 scripts/gpu/mamba_check.py compare "$T/outputs-chosen.pt" "$T/outputs-tuned-served.pt" \
+  python3 scripts/gpu/prove.py --compare "$OUT/mamba-chosen.json" "$OUT/mamba-tuned-served.json" \
     > "$OUT/compare-tuned-vs-chosen.json" 2> "$OUT/compare-tuned-vs-chosen.err"
 fi
 python3 -m kernelcache ls --cache-dir "$T/tuned-served/cache" --json > "$OUT/ls-tuned.json" 2>&1
 python3 -m kernelcache env --cache-dir "$T/tuned-served/cache" --json > "$OUT/env-tuned.json" 2>&1
 for name in cold2 bundle bundle-warm bundle-served tuned tuned-served chosen; do
-  python3 scripts/gpu/mamba_check.py compare "$T/outputs-cold.pt" "$T/outputs-$name.pt" > "$OUT/compare-$name.json" \
+  python3 scripts/gpu/prove.py --compare "$OUT/mamba-cold.json" "$OUT/mamba-$name.json" > "$OUT/compare-$name.json" \
     2> "$OUT/compare-$name.err"
 done
 # the same kept choices in a plain and a served process: identical outputs expected
-python3 scripts/gpu/mamba_check.py compare "$T/outputs-tuned.pt" "$T/outputs-tuned-served.pt" \
+python3 scripts/gpu/prove.py --compare "$OUT/mamba-tuned.json" "$OUT/mamba-tuned-served.json" \
   > "$OUT/compare-tuned-vs-served.json" 2> "$OUT/compare-tuned-vs-served.err"
 python3 scripts/gpu/summarise_tune.py "$OUT" "$gpu" > "$OUT/tune_proof.json"
 tar -C "$T" -czf "$OUT/logs.tgz" home $(cd "$T" && find tmp -name worker.log -o -name '*.result') 2>/dev/null

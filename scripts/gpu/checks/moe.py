@@ -1,36 +1,27 @@
-#!/usr/bin/env python3
-"""The fused-MoE proof on a GPU: vLLM's MoE layer on real tensors, with or without a bundle's Triton cache.
+"""The fused-MoE check on a GPU (scripts/gpu/prove.py moe): vLLM's MoE layer on real tensors.
 
-One fresh process per run (``run``): ``TRITON_CACHE_DIR`` is set before Triton is imported, kernelcache's
-compile listener counts every ``compile()`` call (``cache_hit`` or a real compile) and every gcc build of a
-launcher, and the layer is the one kernelcache's ``moe`` exercise builds (exercise/vllm_moe.py:
-``FusedMoEFactory`` -> ``MoERunner.forward`` -> ``TritonExperts``), on the real CUDA platform, with the C ops
-the pure-Python vLLM tree lacks replaced by torch implementations (exercise/fake_ops.py; listed in the
-output). Weights and inputs come from seeded CUDA generators, so two runs compute the same thing; the
-outputs are saved for ``compare``. ``reference`` checks a few token counts against a dense fp32 MoE.
+The layer is the one kernelcache's ``moe`` exercise builds (exercise/vllm_moe.py: ``FusedMoEFactory`` ->
+``MoERunner.forward`` -> ``TritonExperts``) with the dims, dtype and tensor-parallel share of the bundle's task, on
+the real CUDA platform, with the C ops the pure-Python vLLM tree lacks replaced by torch implementations
+(exercise/fake_ops.py; listed under ``substitutions``). It runs token counts ``MS`` up to the task's
+``max_num_batched_tokens``; weights and inputs come from seeded CUDA generators, so two processes compute the
+same thing. ``reference`` checks a few token counts against a dense fp32 MoE.
 
-``cpu-check`` runs here without a GPU: the torch substitutes against vLLM's own buffer allocation
-(``moe_align_block_size``'s wrapper) and, through a torch emulation of ``fused_moe_kernel``'s block
-semantics, the whole pipeline against the dense reference.
+``cpu-check`` runs without a GPU: the torch substitutes against vLLM's own buffer allocation
+(``moe_align_block_size``'s wrapper) and, through a torch emulation of ``fused_moe_kernel``'s block semantics,
+the whole pipeline against the dense reference.
 
-    python scripts/gpu/moe_proof.py run --cache-dir D --out R.json --outputs O.pt [--ms 1,2,...] [--max 8192]
-    python scripts/gpu/moe_proof.py compare A.pt B.pt
-    python scripts/gpu/moe_proof.py cpu-check
+    python scripts/gpu/checks/moe.py cpu-check
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-QWEN3_30B_A3B = {"num_experts": 128, "hidden_size": 2048, "intermediate_size": 768, "top_k": 8}
-DEFAULT_MS = (1, 2, 3, 7, 16, 100, 256, 512, 1000)
+MS = (1, 2, 3, 7, 16, 100, 256, 512, 1000)
 REFERENCE_MS = (1, 7, 100)
 
 
@@ -68,45 +59,33 @@ def error(got, want) -> dict:
     return {"max_abs": float(diff.max()), "max_rel": float(diff.max() / want.float().abs().max().clamp_min(1e-6))}
 
 
-# -- run (GPU) ------------------------------------------------------------------------------------
+# -- the check (GPU) ---------------------------------------------------------------------------------------------
 
 
-def run(args) -> dict:
-    os.environ["TRITON_CACHE_DIR"] = args.cache_dir
+def check(tasks: list[dict], records: list[dict]) -> dict:
+    """The first moe task's layer over every token count up to its ``max_num_batched_tokens``."""
     import torch
 
-    torch.zeros(1, device="cuda")
-    from kernelcache.exercise import listener
-
-    records: list[dict] = []
-    gcc = Path(args.out).with_suffix(".gcc.jsonl")
-    listener.install(also=records.append)
-    listener.count_builds(str(gcc))
     from kernelcache.exercise import vllm_moe
 
+    task = tasks[0]["kwargs"]
     substitutions = vllm_moe.prepare()
-    layer = vllm_moe.make_layer(**QWEN3_30B_A3B | model(args), dtype=args.dtype)
+    layer = vllm_moe.make_layer(task["num_experts"], task["hidden_size"], task["intermediate_size"], task["top_k"],
+                                task["dtype"], task.get("tensor_parallel_size", 1))
     fill_weights(layer)
     vllm_moe.start_workspace()
+    ms = token_counts(task["max_num_batched_tokens"])
     calls, outputs = [], {}
-    for m in ms(args):
+    for m in ms:
         calls.append(timed_call(layer, m, records, outputs))
-    torch.save(outputs, args.outputs)
-    return {"cache_dir": args.cache_dir, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": __import__("triton").__version__, "describe": vllm_moe.describe(layer, ms(args)),
-            "substitutions": substitutions, "calls": calls, "first_call_s": calls[0]["seconds"],
-            "total_s": round(sum(c["seconds"] for c in calls), 4),
-            "compiles": sum(c["compiles"] for c in calls), "hits": sum(c["hits"] for c in calls),
-            "gcc_builds": len(listener.read(str(gcc))), "reference": reference(layer, outputs, args)}
+    return {"describe": vllm_moe.describe(layer, ms), "substitutions": substitutions, "calls": calls,
+            "first_call_s": calls[0]["seconds"], "total_s": round(sum(c["seconds"] for c in calls), 4),
+            "reference": reference(layer, outputs), "outputs": {f"m={m}": out for m, out in outputs.items()},
+            "torch_cuda": torch.version.cuda}
 
 
-def model(args) -> dict:
-    return {k: getattr(args, k) for k in QWEN3_30B_A3B if getattr(args, k) is not None}
-
-
-def ms(args) -> list[int]:
-    chosen = [int(m) for m in args.ms.split(",")] if args.ms else list(DEFAULT_MS)
-    return chosen + ([args.max] if args.max and args.max not in chosen else [])
+def token_counts(most: int) -> list[int]:
+    return [m for m in MS if m < most] + [most]
 
 
 def fill_weights(layer) -> None:
@@ -143,10 +122,10 @@ def timed_call(layer, m: int, records: list[dict], outputs: dict) -> dict:
     outputs[m] = out.cpu()
     new = records[seen:]
     return {"m": m, "seconds": round(seconds, 4), "compiles": sum(not r["cache_hit"] for r in new),
-            "hits": sum(bool(r["cache_hit"]) for r in new), "keys": sorted({r["key"] for r in new})}
+            "hits": sum(bool(r["cache_hit"]) for r in new)}
 
 
-def reference(layer, outputs: dict, args) -> dict:
+def reference(layer, outputs: dict) -> dict:
     w13, w2 = layer.weights
     found = {}
     for m in REFERENCE_MS:
@@ -154,14 +133,6 @@ def reference(layer, outputs: dict, args) -> dict:
             x, logits = inputs(layer, m)
             found[m] = error(outputs[m].to(x.device), dense_moe(x, w13, w2, logits, layer.top_k))
     return found
-
-
-def compare(a: str, b: str) -> dict:
-    import torch
-
-    left, right = torch.load(a), torch.load(b)
-    per_m = {m: bool(torch.equal(left[m], right[m])) for m in left if m in right}
-    return {"identical": bool(per_m) and all(per_m.values()) and left.keys() == right.keys(), "per_m": per_m}
 
 
 # -- cpu-check ------------------------------------------------------------------------------------
@@ -281,36 +252,10 @@ def _aligned(ids, sorted_ids, expert_ids, post: int, block: int) -> bool:
     return True
 
 
-# -- command line ---------------------------------------------------------------------------------
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    one = sub.add_parser("run")
-    one.add_argument("--cache-dir", required=True)
-    one.add_argument("--out", required=True)
-    one.add_argument("--outputs", required=True)
-    one.add_argument("--ms", default="")
-    one.add_argument("--max", type=int, default=0)
-    one.add_argument("--dtype", default="bfloat16")
-    for name in QWEN3_30B_A3B:
-        one.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
-    two = sub.add_parser("compare")
-    two.add_argument("a")
-    two.add_argument("b")
-    sub.add_parser("cpu-check")
-    args = parser.parse_args()
-    if args.command == "run":
-        result = run(args)
-        Path(args.out).write_text(json.dumps(result, indent=1))
-    elif args.command == "compare":
-        result = compare(args.a, args.b)
-    else:
-        result = cpu_check()
-    print(json.dumps({k: v for k, v in result.items() if k != "calls"}, indent=1, default=str)[:6000])
-    return 0 if result.get("ok", result.get("identical", True)) else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:] != ["cpu-check"]:
+        sys.exit("usage: python scripts/gpu/checks/moe.py cpu-check (the GPU check runs through scripts/gpu/prove.py)")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    result = cpu_check()
+    print(json.dumps(result, indent=1, default=str))
+    sys.exit(0 if result["ok"] else 1)

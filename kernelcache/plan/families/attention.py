@@ -1,0 +1,64 @@
+"""vLLM's Triton attention backend (exercise/vllm_attention.py): the ``TRITON_ATTN`` layer and metadata builder
+over capture, decode, prefill and mixed batches, once per sliding window of the model's layers."""
+
+from __future__ import annotations
+
+from ...errors import RecipeError
+from ..family import MODEL, Family, Task
+
+# vLLM's --attention-backend names that matter here: the attention path builds TRITON_ATTN's kernels; the
+# others are CUDA/C++ (FlashAttention, FlashInfer) and compile no Triton kernel. auto: vLLM's choice, which
+# on NVIDIA GPUs puts FLASH_ATTN (Hopper and older) or FLASHINFER (Blackwell) before TRITON_ATTN
+# (vllm/platforms/cuda.py, _get_backend_priorities).
+ATTENTION_BACKENDS = ("auto", "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN")
+TRITON_ATTN = "TRITON_ATTN"
+# vLLM's --kv-cache-dtype; auto: the model's dtype. The attention path builds only auto today (an fp8 KV cache
+# needs the cache-write and attention kernels' fp8 variants, which the exercise does not drive yet).
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+def _tasks(plan, vocab: int) -> tuple[Task, ...]:
+    model = plan.model
+    if model is None:
+        return ()
+    return tuple(Task("kernelcache.exercise.vllm_attention:attention", {
+        "num_heads": model.num_attention_heads, "num_kv_heads": model.num_key_value_heads,
+        "head_size": model.head_dim, "dtype": model.dtype, "kv_cache_dtype": plan.kv_cache_dtype,
+        "block_size": plan.block_size, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
+        "max_num_batched_tokens": plan.max_num_batched_tokens, "sliding_window": window,
+        "tensor_parallel_size": plan.tensor_parallel_size}, label="attention")
+        for window in model.attention_windows)
+
+
+def _check(plan, where: str) -> None:
+    if plan.attention_backend != TRITON_ATTN:
+        raise RecipeError(f"{where}: the attention path builds vLLM's Triton attention backend; it needs "
+                          f"attention_backend = TRITON_ATTN (--attention-backend), the plan has "
+                          f"{plan.attention_backend}")
+    if plan.kv_cache_dtype != "auto":
+        raise RecipeError(f"{where}: the attention path builds kv_cache_dtype auto only (the model's dtype); "
+                          f"an {plan.kv_cache_dtype} KV cache's Triton kernels are not exercised yet")
+    model = plan.model
+    if model is None or not model.num_attention_heads:
+        raise RecipeError(f"{where}: the attention path needs a model with num_attention_heads ([model] or "
+                          "--model-config)")
+    if model.num_attention_heads % plan.tensor_parallel_size:
+        raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
+                          f"{model.name}'s {model.num_attention_heads} attention heads")
+
+
+def served(plan) -> bool:
+    """Whether the plan serves with the Triton attention backend (a model recipe then builds the path)."""
+    return plan.attention_backend == TRITON_ATTN
+
+
+FAMILY = Family(
+    "attention", "vLLM's Triton attention backend (TRITON_ATTN), once per sliding window",
+    "kernelcache.exercise.vllm_attention:attention",
+    ("vllm.v1.attention.backends.triton_attn", "vLLM's Triton attention backend"),
+    reads=("model.num_attention_heads", "model.num_key_value_heads", "model.head_dim", "model.dtype",
+           "model.sliding_window", "model.full_attention_layers", "kv_cache_dtype", "block_size", "max_num_seqs",
+           "max_model_len", "max_num_batched_tokens", "tensor_parallel_size"),
+    unit=MODEL, tasks=_tasks, note="needs --attention-backend TRITON_ATTN",
+    default=lambda plan: plan.model is not None and served(plan), from_model=lambda model, plan: served(plan),
+    model_rank=4, check=_check, probe="tests/probes/attention_keys.py", gpu_check="attention", proven="H200")

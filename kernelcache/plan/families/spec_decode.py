@@ -1,0 +1,25 @@
+"""The V1 runner's speculative decoding (exercise/vllm_spec_decode.py): the registry's rejection-sampler and
+EAGLE kernels and ``RejectionSampler.forward`` over drafted batches."""
+
+from __future__ import annotations
+
+from ..family import Family, Task
+from .sampler import processed
+
+
+def _tasks(plan, vocab: int) -> tuple[Task, ...]:
+    if plan.num_speculative_tokens < 1 or not processed(plan):
+        return ()
+    return (Task("kernelcache.exercise.vllm_spec_decode:spec_decode", {
+        "vocab": vocab, "max_num_seqs": plan.max_num_seqs, "num_speculative_tokens": plan.num_speculative_tokens,
+        "max_model_len": plan.max_model_len, "dtypes": list(plan.dtypes), "fp64_gumbel": plan.fp64_gumbel},
+        label="mrv1_spec_decode"),)
+
+
+FAMILY = Family(
+    "mrv1_spec_decode", "the V1 runner's rejection sampler and EAGLE kernels over drafted batches",
+    "kernelcache.exercise.vllm_spec_decode:spec_decode",
+    ("vllm.v1.spec_decode.utils", "vLLM's speculative-decoding kernels"),
+    reads=("vocab", "max_num_seqs", "num_speculative_tokens", "max_model_len", "dtypes", "fp64_gumbel"),
+    tasks=_tasks, note="need drafts", needs_drafts=True, probe="tests/probes/spec_decode_keys.py",
+    gpu_check="spec_decode", proven="H200")
