@@ -13,7 +13,7 @@ kernelcache's flashinfer_attention task builds (exercise/vllm_flashinfer.py: ``A
 loads for real). vLLM's artifactory check answers ``--cubins`` (XQA decode on SM90 needs no download, vLLM only
 gates it on that check). The KV cache starts from seeded random values and each step's q/k/v come from a seeded
 CUDA generator, so two runs compute the same thing; outputs are saved for ``compare``, and every non-capture step
-is checked against a dense fp32 attention (scripts/gpu/attention_check.py ``check``).
+is checked against a dense fp32 attention (scripts/gpu/checks/attention.py ``reference``).
 
     python scripts/gpu/flashinfer_attention_check.py run --mode bundle --cache-dir D --out R.json --outputs O.pt
     python scripts/gpu/flashinfer_attention_check.py run --mode jit --workspace W --cache-dir D ...
@@ -139,11 +139,11 @@ def run(args) -> dict:
 
 def timed_step(state, batch, index: int, records: list[dict], nvcc_log: Path):
     import torch
-    from attention_check import inputs
+    from checks.attention import inputs
 
     from kernelcache.exercise.vllm_flashinfer import step
 
-    tensors = inputs(state, batch, index)  # the same seeded q/k/v as the TRITON_ATTN proof
+    tensors = inputs(state, batch, index)  # the same seeded q/k/v as the TRITON_ATTN check
     seen, nvcc_seen = len(records), _lines(nvcc_log)
     torch.cuda.synchronize()
     started = time.perf_counter()
@@ -164,16 +164,20 @@ def _lines(path: Path) -> int:
 
 
 def reference(state, batch, index: int, out) -> dict:
-    """scripts/gpu/attention_check.py's dense fp32 causal attention over the cache, for this step's inputs."""
-    import attention_check
+    """scripts/gpu/checks/attention.py's dense fp32 causal attention over the cache, for this step's inputs."""
+    from checks.attention import reference as dense
 
-    return attention_check.check(state, batch, index, out)
+    return dense(state, batch, index, out)
 
 
 def compare(a: str, b: str) -> dict:
-    import attention_check
+    """Whether two runs' saved outputs are the same bits, step by step."""
+    import torch
 
-    return attention_check.compare(a, b)
+    left, right = torch.load(a), torch.load(b)
+    per_step = {i: bool(torch.equal(left[i], right[i])) for i in left if i in right}
+    return {"identical": bool(per_step) and all(per_step.values()) and left.keys() == right.keys(),
+            "steps": len(per_step), "differing": [i for i, same in per_step.items() if not same]}
 
 
 def main() -> int:
