@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ...errors import RecipeError
 from ..family import MODEL, Family, Task
+from .attention import check_heads
 
 FLASHINFER = "FLASHINFER"  # vLLM's --attention-backend name of its FlashInfer backend
 EXERCISE = "kernelcache.exercise.vllm_flashinfer"
@@ -30,13 +31,7 @@ def _check(plan, where: str) -> None:
         raise RecipeError(f"{where}: the flashinfer_attention path builds vLLM's FlashInfer attention backend; it "
                           f"needs attention_backend = FLASHINFER (or auto, where vLLM picks FlashInfer), the plan has "
                           f"{plan.attention_backend}")
-    model = plan.model
-    if model is None or not model.num_attention_heads:
-        raise RecipeError(f"{where}: the flashinfer_attention path needs a model with num_attention_heads ([model] "
-                          "or --model-config)")
-    if model.num_attention_heads % plan.tensor_parallel_size:
-        raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
-                          f"{model.name}'s {model.num_attention_heads} attention heads")
+    check_heads(plan, "flashinfer_attention", where)
 
 
 def served(plan) -> bool:
