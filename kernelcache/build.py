@@ -128,7 +128,7 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
     if there is not None:
         check_target_env(plan, targets, there, str(target_env), bool(extra_tasks or from_misses))
     check_build_cache(cache)
-    if "flashinfer" in plan.paths and any(t.mode == "cross" for t in targets):
+    if {"flashinfer", "flashinfer_attention"} & set(plan.paths) and any(t.mode == "cross" for t in targets):
         from .exercise.flashinfer import ensure_toolchain
 
         ensure_toolchain()  # before the Triton compiles: a missing toolchain fails in seconds, not minutes
@@ -240,12 +240,14 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
     if missing:
         raise BuildFailed(f"{len(missing)} compiled kernel(s) are missing from the cache, e.g. {missing[0]}")
     flashinfer, flashinfer_cache = _flashinfer_modules(plan, target, work, cache)
+    attention, left_out = flashinfer_attention_modules(run.results, target)
+    flashinfer += attention
     bundles = []
     for profile in target.profiles:
         name = f"{plan.name}-{target.arch}-{profile.name}.tar.zst"
         build_info = Build(tool=f"kernelcache {__version__}", mode=target.mode, source_date_epoch=source_date_epoch(),
                            keep_ir=keep_ir, plan=_plan_record(plan, target), coverage=coverage,
-                           skipped=tuple(found.skipped))
+                           skipped=tuple(found.skipped) + left_out)
         tgt = Target("cuda", target.arch, 32, gpu=profile.name, sm_count=target.sm_count,
                      device_keys=device_keys_of(run.log.device_tables, profile))
         bundles.append(make_bundle(out / name, found.entries, tgt, environment, build_info, flashinfer, identity))
@@ -253,7 +255,7 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
     compiled = [r for r in ran.compiles if not r.cache_hit]
     return TargetResult(target, tuple(bundles), time.perf_counter() - started,
                         sum((r.compile_us or 0) for r in compiled) / 1e6, len(compiled), coverage,
-                        tuple(found.skipped),
+                        tuple(found.skipped) + left_out,
                         build_cache=BuildCacheCounts.of(cache and cache.location, ran.build_cache,
                                                         flashinfer_cache, kept))
 
@@ -317,6 +319,26 @@ def _flashinfer_modules(plan: BuildPlan, target: BuildTarget, work: Path,
     built, outcome = take_or_build(cache, key, lambda: fi_build.build_sampling(
         target.arch, work / "flashinfer", jobs=min(2, os.cpu_count() or 1)))
     return (built,), outcome
+
+
+def flashinfer_attention_modules(results: tuple[WorkerResult, ...], target: BuildTarget) -> tuple[tuple, tuple]:
+    """The FlashInfer modules the flashinfer_attention tasks built (exercise/vllm_flashinfer.py), as (module,
+    members) pairs, each URI once; and what they left out, as skipped records (``path``: ``flashinfer/<name>``,
+    ``reason``)."""
+    from .exercise import flashinfer as fi_build
+
+    cuda = fi_build.ensure_toolchain().cuda if target.mode == "cross" else ""
+    modules: dict[str, tuple] = {}
+    left_out: dict[str, str] = {}
+    for task in (t for r in results for t in r.tasks if t.label == "flashinfer_attention" and t.ok):
+        summary = task.summary if isinstance(task.summary, dict) else {}
+        for name, built in (summary.get("built") or {}).items():
+            if name not in modules:
+                modules[name] = fi_build.take_module(Path(built["library"]), target.arch, cuda,
+                                                     tuple(built.get("sources") or ()), built.get("sources_sha256"))
+        left_out.update(summary.get("left_out") or {})
+    skipped = tuple({"path": f"flashinfer/{name}", "reason": why} for name, why in sorted(left_out.items()))
+    return tuple(modules[name] for name in sorted(modules)), skipped
 
 
 def _plan_record(plan: BuildPlan, target: BuildTarget) -> dict:

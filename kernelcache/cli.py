@@ -199,8 +199,9 @@ def plan_options(recipe_help: str):
         click.option("--max-model-len", type=int, default=None,
                      help="vLLM max_model_len (spec decode, runner, attention: block-table widths)."),
         click.option("--attention-backend", default=None,
-                     help="vLLM --attention-backend: TRITON_ATTN adds the attention path (vLLM's Triton backend); "
-                          "auto, FLASH_ATTN, FLASHINFER compile no Triton attention kernel."),
+                     help="vLLM --attention-backend: TRITON_ATTN adds the attention path (vLLM's Triton backend), "
+                          "FLASHINFER the flashinfer_attention path (FlashInfer's JIT modules); auto and "
+                          "FLASH_ATTN compile no attention kernel."),
         click.option("--kv-cache-dtype", default=None, help="vLLM --kv-cache-dtype: auto (the model's), fp8, "
                                                             "fp8_e4m3, fp8_e5m2 (the attention path: auto only)."),
         click.option("--block-size", type=int, default=None, help="vLLM --block-size: tokens per KV-cache block "
@@ -477,6 +478,8 @@ def _render_listing(listing) -> None:
         if b.tuned_on:
             state = b.choices_skipped or f"{b.choices} autotune choice(s) installed"
             out.print(f"{b.name}: tuned on {b.tuned_on}: {state}", markup=False)
+        for name in b.flashinfer_modules:
+            out.print(f"{b.name}: FlashInfer module {name}", markup=False)
     out.print(f"{len(listing.bundles)} bundle(s), {human_size(listing.size_on_disk)} on disk", markup=False)
 
 
@@ -660,6 +663,9 @@ def _build_summary(target) -> None:
     flashinfer = "".join(f", FlashInfer {m.name} ({' '.join(m.archs)})" for m in first.flashinfer)
     out.print(f"{len(first.kernels)} kernels, {len(first.modules)} prebuilt modules{flashinfer}; {target.compiles} "
               f"compiles ({target.compile_seconds:.1f}s of compile time) in {target.seconds:.1f}s")
+    for skip in target.skipped:
+        if skip["path"].startswith("flashinfer/"):
+            out.print(f"left out {skip['path']}: {skip['reason']}", markup=False)
     cache = target.build_cache
     if cache.location:
         out.print(f"build cache {cache.location}: {cache.reused} kernels and {cache.reused_modules} modules reused, "

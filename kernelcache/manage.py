@@ -83,6 +83,7 @@ class InstalledBundle:
     tuned_on: str | None = None  # where its autotune choices were timed (product, driver, clocks); None: not tuned
     choices: int = 0  # autotune choices it installed here
     choices_skipped: str = ""  # why the install left its choices out (timed on another GPU product)
+    flashinfer_modules: tuple[str, ...] = ()  # the FlashInfer modules' names ("sampling", attention modules' URIs)
 
     @property
     def size_on_disk_str(self) -> str:
@@ -214,7 +215,7 @@ class _Inventory:
             None if differences is None else not differences, differences or (), self.shared(receipt),
             len(uses) - len(own), missing, receipt.bundle, signature_info(receipt),
             tuning.where() if tuning else None, len(tuning.files) if receipt.choices else 0,
-            receipt.choices_skipped)
+            receipt.choices_skipped, tuple(m.name for m in manifest.flashinfer))
 
     def shared(self, receipt: Receipt) -> tuple[SharedWith, ...]:
         """The other bundles that list entries of ``receipt``, the most shared first."""

@@ -185,7 +185,8 @@ def verify(bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike
 
 def _verify_plan(plan: BuildPlan, bundle: Manifest, root: Path, work: Path, mode: str,
                  jobs: int) -> VerifyReport:
-    """The plan's Triton tasks (when it selects any), then the bundle's FlashInfer modules (when asked for)."""
+    """The plan's Triton tasks (when it selects any), then the bundle's FlashInfer modules: its sampling module when
+    the plan asks for it, and every JIT module of another name (the attention modules) always."""
     triton_plan = replace(plan, paths=tuple(p for p in plan.paths if p != "flashinfer"))
     started = time.perf_counter()
     if plan_units(triton_plan):
@@ -195,7 +196,7 @@ def _verify_plan(plan: BuildPlan, bundle: Manifest, root: Path, work: Path, mode
         report = replace(report, device=_device_note(bundle, target))
     else:
         report, asked = VerifyReport(root, "none", bundle.target.arch, (), (), (), 0.0), set()
-    modules = bundle.flashinfer if "flashinfer" in plan.paths else ()
+    modules = [m for m in bundle.flashinfer if "flashinfer" in plan.paths or m.name != "sampling"]
     checks = tuple(_check_flashinfer(m, root, mode) for m in modules)
     unexercised = sorted((BundledKernel(k.name, k.key) for k in bundle.kernels if k.key not in asked),
                          key=lambda k: (k.name, k.key))
@@ -285,9 +286,10 @@ def _check(plan, target: BuildTarget, root: Path, work: Path, jobs: int) -> tupl
 
 def _check_flashinfer(module: FlashInferModule, root: Path, mode: str) -> FlashInferCheck:
     """FlashInfer's own lookup and load of ``module`` from ``root`` in a fresh interpreter, JIT disabled."""
+    from .exercise.flashinfer_probe import KNOWN
     from .runtime import flashinfer as fi_runtime
 
-    on_gpu = mode != "cross" and _gpu_for(module)
+    on_gpu = mode != "cross" and _gpu_for(module) and module.name in KNOWN  # a URI module is loaded, not called
     env = {**os.environ, **fi_runtime.environment(root), "FLASHINFER_DISABLE_JIT": "1"}
     command = [sys.executable, "-m", "kernelcache.exercise.flashinfer_probe", module.name]
     if on_gpu:

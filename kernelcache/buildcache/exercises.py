@@ -51,6 +51,7 @@ from ..exercise.device_tables import PROFILES_ENV
 from ..exercise.worker import Job
 from ..format.cachekey import KEY_PATTERN
 from ..format.compilelog import read as read_log
+from ..plan.families.flashinfer_attention import EXERCISE as FLASHINFER_ATTENTION
 from ..plan.tasks import DEVICE_NAME_MODULES
 from . import RecordCounts
 from .entry import CorruptEntry, pack, unpack
@@ -100,6 +101,12 @@ class UnitUse:
 def product_bound(job: Job) -> bool:
     """Whether a unit runs a path vLLM configures by device name (its outputs then depend on the product)."""
     return any(task.call.split(":")[0] in DEVICE_NAME_MODULES.values() for task in job.tasks)
+
+
+def outside_cache(job: Job) -> bool:
+    """Whether the unit leaves outputs outside its Triton cache dir: the flashinfer_attention task builds FlashInfer
+    modules in FlashInfer's workspace, which no record holds, so such a unit always runs (and is never recorded)."""
+    return any(t.call.startswith(f"{FLASHINFER_ATTENTION}:") for t in job.tasks)
 
 
 def unit_key(job: Job, stack: dict) -> str:
@@ -354,7 +361,7 @@ class UnitRecords:
                 raise BuildFailed("another target of this build failed")
             return owner.ok and self._done(job_dir, copy_unit(owner.job_dir, owner.cache_dir, job_dir,
                                                               Path(job.cache_dir)))
-        if self.store is None:
+        if self.store is None or outside_cache(job):
             return False
         try:
             files = take(self.store, key)
@@ -403,7 +410,8 @@ class UnitRecords:
             return replace(counts, not_kept=why, errors=self.errors())
         kept = 0
         for job_dir, job in jobs:
-            if job_dir in self._written or (device_bound_log(logs[job_dir]) and not product_bound(job)):
+            if job_dir in self._written or outside_cache(job) or (device_bound_log(logs[job_dir])
+                                                                  and not product_bound(job)):
                 continue
             try:
                 keep(self.store, unit_key(job, self.stack), job_dir, uses[job_dir])

@@ -120,6 +120,26 @@ def moe_sum(input: torch.Tensor, output: torch.Tensor, topk_ids: torch.Tensor | 
     output.copy_(input.sum(dim=1))
 
 
+def reshape_and_cache_flash(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                            value_cache: torch.Tensor, slot_mapping: torch.Tensor, kv_cache_dtype: str,
+                            k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
+    """csrc/cache_kernels.cu ``reshape_and_cache_flash``: token i's key and value go to slot ``slot_mapping[i]``
+    (block ``slot // block_size``, row ``slot % block_size``) of caches shaped ``[blocks, block_size, heads,
+    head_size]``; a negative slot is padding. An fp8 cache stores ``x / scale`` in its fp8 type."""
+    tokens = slot_mapping.shape[0]
+    block_size = key_cache.shape[1]
+    slots = slot_mapping.long()
+    keep = slots >= 0
+    blocks, rows = slots[keep] // block_size, slots[keep] % block_size
+    for source, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
+        values = source[:tokens][keep]
+        if kv_cache_dtype != "auto":
+            fp8 = torch.float8_e5m2 if kv_cache_dtype == "fp8_e5m2" else torch.float8_e4m3fn
+            cache = cache.view(fp8)
+            values = (values.float() / scale.float()).to(fp8)
+        cache[blocks, rows] = values.to(cache.dtype)
+
+
 def _keep_buffers(*args, **kwargs) -> None:
     """Fake implementation of an op that only writes into caller-allocated buffers: nothing to compute."""
     return None
@@ -151,6 +171,12 @@ OPS = (
            "csrc/moe/torch_bindings.cpp; TritonExperts.moe_sum (fused_moe/experts/triton_moe.py:653, "
            "vllm/_custom_ops.py:2196)",
            moe_sum, _keep_buffers),
+    OpSpec("_C_cache_ops", "reshape_and_cache_flash",
+           "reshape_and_cache_flash(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+           "Tensor slot_mapping, str kv_cache_dtype, Tensor k_scale, Tensor v_scale) -> ()",
+           "csrc/torch_bindings.cpp (_C_cache_ops); FlashInferImpl.do_kv_cache_update "
+           "(vllm/v1/attention/backends/flashinfer.py)",
+           reshape_and_cache_flash, _keep_buffers),
 )
 
 
@@ -168,9 +194,12 @@ def _register(spec: OpSpec) -> None:
         torch.library.register_fake(spec.qualname, spec.fake_impl, lib=library)
 
 
-def install_ops() -> list[dict]:
-    """Register every op of ``OPS`` this process lacks; returns one record per op registered here."""
+def install_ops(only: tuple[str, ...] | None = None) -> list[dict]:
+    """Register every op of ``OPS`` (or of those ``only`` names, ``namespace::name``) this process lacks; returns one
+    record per op registered here."""
     for spec in OPS:
+        if only is not None and spec.qualname not in only:
+            continue
         if not _present(spec):
             _register(spec)
             _SUBSTITUTED[spec.qualname] = {"op": spec.qualname, "upstream": spec.upstream,

@@ -82,6 +82,14 @@ def default_toolchain_dir() -> Path:
     return Path(cache) / "kernelcache" / "toolchains"
 
 
+def workspace_dir() -> Path:
+    """Where builds let FlashInfer build its JIT modules (its ``FLASHINFER_WORKSPACE_BASE``): kept between builds,
+    so ninja rebuilds only what changed, as in FlashInfer's own JIT cache. KERNELCACHE_FLASHINFER_WORKSPACE, else
+    ``flashinfer-jit`` beside the toolchains."""
+    given = os.environ.get("KERNELCACHE_FLASHINFER_WORKSPACE")
+    return Path(given) if given else default_toolchain_dir().parent / "flashinfer-jit"
+
+
 def toolchain_path(base: Path | None = None) -> Path:
     return (base or default_toolchain_dir()) / f"cuda-{CUDA_VERSION}"
 
@@ -296,6 +304,25 @@ def harvest_sampling(jit_dir: Path, arch: str | None = None) -> tuple[FlashInfer
     return module, [Member(member_path(module, data), data=data)]
 
 
+def take_module(library: Path, arch: str, cuda: str, sources: tuple[str, ...] = (),
+                sources_sha256: str | None = None) -> tuple[FlashInferModule, list[Member]]:
+    """A JIT module FlashInfer built (``<jit_dir>/<uri>/<uri>.so``, by nvcc here or on the GPU) as bundle members.
+
+    The archs come from the workspace dir FlashInfer chose (``.../<version>/<archs>/cached_ops``), checked against
+    ``arch`` and against the SASS in the library; ``cuda``: the nvcc that built it."""
+    library = Path(library)
+    jit_dir = library.parent.parent
+    version, archs = jit_dir.parent.parent.name, _archs_from_dir(jit_dir.parent.name)
+    if arch_to_capability(arch) not in {arch_to_capability(a) for a in archs}:
+        raise BuildFailed(f"{library} was built for {', '.join(archs)}, not {arch}")
+    found, cuobjdump = _cuda_of_jit_build(library.parent / "build.ninja", library)
+    data = _checked_library(library, archs, cuobjdump)
+    module = FlashInferModule(name=library.parent.name, version=version, cuda=cuda or found, archs=archs,
+                              tvm_ffi=package_version("apache-tvm-ffi"), files=(), sources=tuple(sources),
+                              sources_sha256=sources_sha256)
+    return module, [Member(member_path(module, data), data=data)]
+
+
 def member_path(module: FlashInferModule, data: bytes) -> str:
     """``flashinfer/0.7.2.post1-90a-<sha12>/sampling/sampling.so`` (4 components, the archive limit)."""
     tag = "_".join(a.removeprefix("sm") for a in module.archs)
@@ -314,17 +341,28 @@ def cubin_archs(library: Path, cuobjdump: Path) -> tuple[list[str], list[str]]:
     return listing("--list-elf"), listing("--list-ptx")
 
 
-def _run_build_child(arch: str, workdir: Path, jobs: int, tools: Toolchain) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_BUILD_VARS)}
-    env.update({
+def build_variables(arch: str, workdir: Path, jobs: int, tools: Toolchain) -> dict[str, str]:
+    """What a process that builds FlashInfer modules for ``arch`` needs set: the target, the toolkit and ninja on
+    PATH, where FlashInfer builds (``workdir``) and how many nvcc jobs run at once."""
+    return {
         "FLASHINFER_WORKSPACE_BASE": str(workdir),
         "FLASHINFER_CUDA_ARCH_LIST": arch_list(arch),
         "CUDA_HOME": str(tools.root),
-        "PATH": os.pathsep.join([str(tools.root / "bin"), str(tools.ninja_dir), env.get("PATH", "")]),
+        "PATH": os.pathsep.join([str(tools.root / "bin"), str(tools.ninja_dir), os.environ.get("PATH", "")]),
         "MAX_JOBS": str(max(1, jobs)),
         "FLASHINFER_NVCC_THREADS": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-    })
+    }
+
+
+def nvcc_jobs() -> int:
+    """nvcc processes at once: ``MAX_JOBS`` (FlashInfer's own variable) where set, else up to 2 (one per core)."""
+    given = os.environ.get("MAX_JOBS", "")
+    return int(given) if given.isdigit() and int(given) > 0 else min(2, os.cpu_count() or 1)
+
+
+def _run_build_child(arch: str, workdir: Path, jobs: int, tools: Toolchain) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_BUILD_VARS)}
+    env.update({**build_variables(arch, workdir, jobs, tools), "CUDA_VISIBLE_DEVICES": ""})
     report = workdir / "flashinfer-build.json"
     report.unlink(missing_ok=True)
     log = workdir / "flashinfer-build.log"

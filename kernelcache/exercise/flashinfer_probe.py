@@ -9,6 +9,10 @@ prints one JSON line:
   ``MissingJITCacheError`` instead of compiling);
 * ``called``: with ``--call`` (a GPU is visible), whether one sampling call ran on it.
 
+A name outside ``KNOWN`` is a JIT module's URI (an attention module, exercise/vllm_flashinfer.py): its spec is
+FlashInfer's ``JitSpecNvcc`` under that name, and ``build_and_load`` (JIT disabled) resolves and loads it from
+the providers exactly as FlashInfer's wrappers do; nothing is called on the GPU for it.
+
 Without a GPU, ``--libcudart`` preloads a CUDA runtime (a CPU-only torch brings none) so the
 module's shared library can be loaded; nothing is launched then.
 """
@@ -44,15 +48,26 @@ def _call_sampling() -> None:
         raise RuntimeError(f"top_k_sampling_from_probs returned shape {tuple(samples.shape)}")
 
 
+def _uri_spec(name: str) -> Any:
+    """FlashInfer's nvcc spec for a module known by its URI: no sources, for lookup and load only."""
+    from flashinfer.jit.core import JitSpecNvcc
+
+    return JitSpecNvcc(name=name, sources=[], extra_cflags=None, extra_cuda_cflags=None, extra_ldflags=None,
+                       extra_include_dirs=None)
+
+
 def probe(name: str, libcudart: str | None, call: bool) -> dict:
     out: dict = {"name": name, "artifacts": [], "loaded": False, "called": False, "error": None}
-    if name not in KNOWN:
-        out["error"] = f"kernelcache verify knows how to load {', '.join(KNOWN)}, not {name!r}"
-        return out
     if libcudart:
         ctypes.CDLL(libcudart, mode=ctypes.RTLD_GLOBAL)
-    spec_of, load = KNOWN[name]
     try:
+        if name not in KNOWN:
+            spec = _uri_spec(name)
+            out["artifacts"] = [str(a.path) for a in spec.aot_artifacts]
+            spec.build_and_load()
+            out["loaded"] = True
+            return out
+        spec_of, load = KNOWN[name]
         out["artifacts"] = [str(a.path) for a in _attr(spec_of)().aot_artifacts]
         _attr(load)()
         out["loaded"] = True

@@ -87,6 +87,9 @@ def _jobs(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: i
            "TQDM_DISABLE": "1", **reproducible_cc(work),
            **candidates_env(target.capability, target.sm_count, {p.name: p.product for p in target.profiles}),
            **(variables or {})}
+    asks = "flashinfer_attention" in plan.paths or any(t.label == "flashinfer_attention" for t in extra_tasks)
+    if asks and target.mode == "cross":
+        env.update(flashinfer_build_env(target, build=not served))
     setup = ()
     if target.mode == "cross":
         product = target.profiles[0].product
@@ -238,6 +241,18 @@ def _run_unit(job_dir: Path, job: Job, reuse: UnitReuse | None,
         if reuse is not None:
             reuse.ran(job_dir, job, ok)
     return result, False
+
+
+def flashinfer_build_env(target: BuildTarget, build: bool = True) -> dict[str, str]:
+    """The variables under which the flashinfer_attention task asks FlashInfer for its modules for the target (cross
+    mode), in the kept FlashInfer workspace (exercise/flashinfer.py ``workspace_dir``), and (``build``: not when
+    verifying) builds them."""
+    from . import flashinfer as fi_build
+    from .vllm_flashinfer import BUILD_VARIABLE, CC_VARIABLE
+
+    return {**fi_build.build_variables(target.arch, fi_build.workspace_dir(), fi_build.nvcc_jobs(),
+                                       fi_build.ensure_toolchain()), BUILD_VARIABLE: "1" if build else "0",
+            CC_VARIABLE: os.environ.get("CC", "")}
 
 
 def flashinfer_jit_module(plan: BuildPlan, target: BuildTarget, work: Path) -> tuple:

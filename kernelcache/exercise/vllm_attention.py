@@ -213,8 +213,9 @@ def make_state(shape: Shape, num_blocks: int | None = None) -> AttentionState:
                               torch.zeros(tokens, dtype=torch.int64), num_blocks)
 
 
-def make_layer(shape: Shape, config: Any) -> Any:
-    """``Attention`` as Llama builds it (models/llama.py), with the TRITON_ATTN backend, weights "loaded"."""
+def make_layer(shape: Shape, config: Any, backend: Any = None, **extra: Any) -> Any:
+    """``Attention`` as Llama builds it (models/llama.py), with the TRITON_ATTN backend (or ``backend``), weights
+    "loaded"; ``extra``: more of ``Attention``'s arguments (``logits_soft_cap``)."""
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.attention import Attention
@@ -223,7 +224,7 @@ def make_layer(shape: Shape, config: Any) -> Any:
     with set_current_vllm_config(config), torch.device("cuda"):
         layer = Attention(shape.num_heads, shape.head_size, shape.head_size**-0.5, num_kv_heads=shape.num_kv_heads,
                           cache_config=config.cache_config, per_layer_sliding_window=shape.sliding_window or None,
-                          prefix=LAYER_NAME, attn_backend=TritonAttentionBackend)
+                          prefix=LAYER_NAME, attn_backend=backend or TritonAttentionBackend, **extra)
         layer.process_weights_after_loading(getattr(torch, shape.dtype))
     layer.use_direct_call = True  # the custom op's Python body, as in the module docstring
     return layer
@@ -238,16 +239,16 @@ def block_table_width(shape: Shape) -> int:
     return get_block_table_width(blocks, shape.block_size, token_alignment=TOKEN_ALIGNMENT)
 
 
-def make_kv_cache(config: Any, spec: Any, num_blocks: int) -> Any:
-    """One layer's view of the KV-cache allocation, in the layout the engine resolves for this backend
-    (``resolve_kv_cache_layout``; ``get_kv_cache_config_from_groups``'s block stride; ``allocate_kv_cache``
-    in vllm/v1/worker/utils.py)."""
+def make_kv_cache(config: Any, spec: Any, num_blocks: int, backend: Any = None) -> Any:
+    """One layer's view of the KV-cache allocation, in the layout the engine resolves for this backend (TRITON_ATTN
+    unless ``backend`` is given) (``resolve_kv_cache_layout``; ``get_kv_cache_config_from_groups``'s block stride;
+    ``allocate_kv_cache`` in vllm/v1/worker/utils.py)."""
     import torch
     from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
     from vllm.v1.kv_cache_interface import KVCacheTensor, compute_layout_strides, create_kv_cache_views
 
-    names = [layout.name for layout in get_supported_kv_cache_layouts([TritonAttentionBackend])]
+    names = [layout.name for layout in get_supported_kv_cache_layouts([backend or TritonAttentionBackend])]
     layout = resolve_kv_cache_layout(config, [names], [spec])
     layer_stride, block_stride, _, _, _ = compute_layout_strides(spec, num_blocks, 1, layout)
     size = spec.page_size_bytes * num_blocks

@@ -16,6 +16,7 @@ import platform
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import MissingDependency
 from . import keep_old_name
@@ -154,11 +155,26 @@ def compare_flashinfer(manifest: Manifest, flashinfer: str | None, torch: str | 
         if torch_cuda is not None and major != torch_cuda:
             diffs.append(Difference(f"{name}.cuda", m.cuda, f"torch {torch}", True,
                                     f"the module needs libcudart.so.{major}, this torch ships CUDA {torch_cuda}"))
+        if m.sources_sha256 and m.version == flashinfer:
+            diffs += _sources_changed(m, name)
         if m.tvm_ffi and tvm_ffi and m.tvm_ffi != tvm_ffi:
             same_minor = m.tvm_ffi.split(".")[:2] == tvm_ffi.split(".")[:2]
             diffs.append(Difference(f"{name}.tvm_ffi", m.tvm_ffi, tvm_ffi, not same_minor,
                                     "the module links against apache-tvm-ffi's C ABI"))
     return diffs
+
+
+def _sources_changed(module, name: str) -> list[Difference]:
+    """A module whose sources in the installed flashinfer package are not the ones it was built from (a patched or
+    rebuilt FlashInfer of the same version): FlashInfer would load it for code it no longer has."""
+    root = _flashinfer_parent()
+    if root is None:
+        return []
+    here = flashinfer_sources_digest(module.sources, root)
+    if here == module.sources_sha256:
+        return []
+    return [Difference(f"{name}.sources", module.sources_sha256[:16], here[:16], True,
+                       "the installed FlashInfer's sources of this module differ from those it was built from")]
 
 
 def _torch_cuda_major(torch: str | None) -> str | None:
@@ -227,4 +243,33 @@ def _show(value: object) -> str:
         return ", ".join(f"{k}={v}" for k, v in value.items()) or "(none)"
     return str(value)
 
+
+def flashinfer_sources_digest(sources: tuple[str, ...], root: Path) -> str:
+    """sha256 over each source's path (relative to ``root``, the flashinfer package's parent) and the sha256 of its
+    bytes, in order; a file that cannot be read counts as absent. A bundled FlashInfer module records it
+    at build time (exercise/vllm_flashinfer.py); install computes it again over the FlashInfer it finds."""
+    digest = hashlib.sha256()
+    for source in sources:
+        digest.update(source.encode() + b"\0")
+        try:
+            digest.update(hashlib.sha256((root / source).read_bytes()).digest())
+        except OSError:
+            digest.update(b"absent")
+    return digest.hexdigest()
+
+
+def _flashinfer_parent() -> Path | None:
+    """The directory holding the installed ``flashinfer`` package, found without importing it."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("flashinfer")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))).resolve().parent
+
+
 keep_old_name(__name__)  # kernelcache.bundle.fingerprint
+

@@ -139,12 +139,14 @@ FLASHINFER_ROOT = "flashinfer"  # members: flashinfer/<version>-<archs>-<sha12>/
 
 @dataclass(frozen=True)
 class FlashInferModule:
-    name: str  # "sampling"
+    name: str  # "sampling", or a JIT module's URI ("batch_prefill_with_kv_cache_dtype_q_bf16_..._sm90")
     version: str  # flashinfer-python version it was built from
     cuda: str  # CUDA toolkit version (nvcc)
     archs: tuple[str, ...]  # ("sm90a",)
     tvm_ffi: str | None
     files: tuple[FileRecord, ...]
+    sources: tuple[str, ...] = ()  # its source files inside the flashinfer package ("flashinfer/data/csrc/...")
+    sources_sha256: str | None = None  # of those files' names and bytes (exercise/vllm_flashinfer.py sources_digest)
 
 
 @dataclass(frozen=True)
@@ -252,6 +254,9 @@ class Manifest:
             del data["target"]["device_keys"]
         if self.tuning is None:  # likewise: bundles nobody tuned
             del data["tuning"]
+        for module in data.get("flashinfer", ()):  # likewise: modules built without a record of their sources
+            if module.get("sources_sha256") is None:
+                del module["sources"], module["sources_sha256"]
         return data
 
     def to_json(self) -> bytes:
@@ -382,7 +387,7 @@ def _records(items: Any) -> tuple[FileRecord, ...]:
 
 def flashinfer_module(data: Any) -> FlashInferModule:
     """One entry of a manifest's ``flashinfer`` list (``TypeError`` / ``ValueError`` when it is not one)."""
-    return _build(FlashInferModule, data, files=_records, archs=tuple)
+    return _build(FlashInferModule, data, files=_records, archs=tuple, sources=tuple)
 
 
 def _build(cls: type, data: Any, **converters: Any) -> Any:

@@ -40,7 +40,7 @@ _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 _COMMON_KEYS = {"name", "architectures", "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
                 "num_experts_per_tok", "num_attention_heads", "num_key_value_heads", "head_dim",
                 "max_position_embeddings", "torch_dtype", "dtype", "sliding_window", "use_sliding_window",
-                "layer_types", *_EXPERT_KEYS}
+                "layer_types", "attn_logit_softcapping", *_EXPERT_KEYS}
 
 
 def sections() -> tuple:
@@ -72,6 +72,7 @@ class ModelSpec:
     max_position_embeddings: int = 0
     sliding_window: int = 0  # 0: every attention layer sees the whole context
     full_attention_layers: bool = True  # whether some layers attend to everything (with a window: mixed)
+    logits_soft_cap: float = 0.0  # attn_logit_softcapping (Gemma 2): tanh soft-capping of attention logits
     layers: tuple[tuple[str, Any], ...] = ()  # (section key, spec) of the families' own layers it has
 
     def section(self, key: str) -> Any:
@@ -143,6 +144,7 @@ def parse(data: dict, where: str, name: str = "") -> ModelSpec:
         max_position_embeddings=_int(fields, "max_position_embeddings", where, 0),
         sliding_window=window,
         full_attention_layers=full_layers,
+        logits_soft_cap=_soft_cap(fields, where),
         layers=_layers(fields, architectures[0], where),
     )
 
@@ -151,6 +153,16 @@ def _layers(fields: dict, architecture: str, where: str) -> tuple[tuple[str, Any
     """Each family section's layers the architecture has, in path order."""
     found = ((s.key, s.parse(fields, architecture, where)) for s in sections())
     return tuple((key, spec) for key, spec in found if spec is not None)
+
+
+def _soft_cap(fields: dict, where: str) -> float:
+    """``attn_logit_softcapping`` (Gemma 2 passes it to ``Attention`` as ``logits_soft_cap``); null or absent: 0."""
+    value = fields.get("attn_logit_softcapping")
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise RecipeError(f"{where}: model field 'attn_logit_softcapping' must be a non-negative number, got {value!r}")
+    return float(value)
 
 
 def _window(fields: dict, where: str) -> tuple[int, bool]:

@@ -28,6 +28,7 @@ from ..errors import RecipeError, UsageError
 from ..format.manifest import arch_to_capability, capability_to_arch
 from . import families
 from .families.attention import ATTENTION_BACKENDS, KV_CACHE_DTYPES, TRITON_ATTN
+from .families.flashinfer_attention import FLASHINFER
 from .families.gdn import GDN_PREFILL_BACKENDS
 from .gpus import PROFILES, GpuProfile
 from .model import ModelSpec, load_config, recipe_keys
@@ -97,6 +98,7 @@ class BuildPlan:
     kv_cache_dtype: str = "auto"
     block_size: int = 16  # vLLM's default on CUDA
     gdn_prefill_backend: str = "auto"
+    flashinfer_cubins: bool = True  # the serving host reaches NVIDIA's artifactory or has flashinfer-cubin
     model: ModelSpec | None = None
     seeded: bool = True
     unseeded: bool = True
@@ -178,21 +180,24 @@ class BuildPlan:
                                                          "command line"))
 
     def _override_attention(self, backend, kv_cache_dtype, block_size, explicit_paths: bool) -> BuildPlan:
-        """--attention-backend TRITON_ATTN adds the attention path (another backend drops it) unless --path
-        named the paths; --kv-cache-dtype and --block-size set what its kernels are built for."""
+        """--attention-backend TRITON_ATTN adds the attention path and FLASHINFER the flashinfer_attention path (for
+        a model; a named backend drops the other's, auto keeps what the plan has) unless --path named the paths;
+        --kv-cache-dtype and --block-size set what their kernels are built for."""
         where = "command line"
         changes: dict[str, Any] = {}
         if backend is not None:
             changes["attention_backend"] = _choice(backend, ATTENTION_BACKENDS, "--attention-backend", where)
-            if not explicit_paths:
-                others = tuple(p for p in self.paths if p != "attention")
-                changes["paths"] = others + (("attention",) if backend == TRITON_ATTN else ())
+            if not explicit_paths and backend != "auto":
+                others = tuple(p for p in self.paths if p not in ("attention", "flashinfer_attention"))
+                changes["paths"] = others + (("attention",) if backend == TRITON_ATTN else ()) + (
+                    ("flashinfer_attention",) if backend == FLASHINFER and self.model is not None else ())
         if kv_cache_dtype is not None:
             changes["kv_cache_dtype"] = _choice(kv_cache_dtype, KV_CACHE_DTYPES, "--kv-cache-dtype", where)
         if block_size is not None:
             changes["block_size"] = _positive(block_size, "--block-size", where)
         plan = replace(self, **changes)
         _check_families(plan, where, only="attention")
+        _check_families(plan, where, only="flashinfer_attention")
         return plan
 
     def _override_serving(self, num_speculative_tokens, max_model_len) -> BuildPlan:
@@ -225,7 +230,7 @@ class BuildPlan:
 _TOP_KEYS = {"name", "description", "gpus", "vllm", "vocab", "gpu", "model"}
 _VLLM_KEYS = {"paths", "max_num_seqs", "num_speculative_tokens", "max_model_len", "modes", "seeded", "unseeded",
               "logits_dtypes", "min_p", "fp64_gumbel", "max_num_batched_tokens", "tensor_parallel_size",
-              "attention_backend", "kv_cache_dtype", "block_size", "gdn_prefill_backend"}
+              "attention_backend", "kv_cache_dtype", "block_size", "gdn_prefill_backend", "flashinfer_cubins"}
 
 
 def load(recipe: str | os.PathLike | None = None) -> BuildPlan:
@@ -298,6 +303,7 @@ def parse(data: dict, where: str) -> BuildPlan:
         block_size=_positive(vllm.get("block_size", 16), "vllm.block_size", where),
         gdn_prefill_backend=_choice(vllm.get("gdn_prefill_backend", "auto"), GDN_PREFILL_BACKENDS,
                                     "vllm.gdn_prefill_backend", where),
+        flashinfer_cubins=_bool(vllm.get("flashinfer_cubins", True), "vllm.flashinfer_cubins", where),
         model=model,
         seeded=_bool(vllm.get("seeded", True), "vllm.seeded", where),
         unseeded=_bool(vllm.get("unseeded", True), "vllm.unseeded", where),

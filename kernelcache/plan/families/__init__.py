@@ -10,10 +10,11 @@ through the plan, docs/FAMILIES.md) asks this module.
 from __future__ import annotations
 
 from ..family import MODEL, VOCAB, Family
-from . import attention, gdn, mamba, moe, mrv2_spec_decode, runner, sampler, spec_decode
+from . import attention, flashinfer_attention, gdn, mamba, moe, mrv2_spec_decode, runner, sampler, spec_decode
 
 BUILTIN = (sampler.REGISTRY, sampler.MRV1, sampler.MRV2, sampler.FLASHINFER, spec_decode.FAMILY,
-           mrv2_spec_decode.FAMILY, moe.FAMILY, runner.FAMILY, attention.FAMILY, mamba.FAMILY, gdn.FAMILY)
+           mrv2_spec_decode.FAMILY, moe.FAMILY, runner.FAMILY, attention.FAMILY, mamba.FAMILY, gdn.FAMILY,
+           flashinfer_attention.FAMILY)
 _FAMILIES: dict[str, Family] = {f.name: f for f in BUILTIN}
 
 

@@ -38,9 +38,14 @@ def _check(plan, where: str) -> None:
     if plan.kv_cache_dtype != "auto":
         raise RecipeError(f"{where}: the attention path builds kv_cache_dtype auto only (the model's dtype); "
                           f"an {plan.kv_cache_dtype} KV cache's Triton kernels are not exercised yet")
+    check_heads(plan, "attention", where)
+
+
+def check_heads(plan, path: str, where: str) -> None:
+    """An attention path needs a model whose attention heads the tensor-parallel size divides."""
     model = plan.model
     if model is None or not model.num_attention_heads:
-        raise RecipeError(f"{where}: the attention path needs a model with num_attention_heads ([model] or "
+        raise RecipeError(f"{where}: the {path} path needs a model with num_attention_heads ([model] or "
                           "--model-config)")
     if model.num_attention_heads % plan.tensor_parallel_size:
         raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
