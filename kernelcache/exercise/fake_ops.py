@@ -149,27 +149,27 @@ OPS = (
     OpSpec("_C", "cutlass_scaled_mm_supports_block_fp8",
            "cutlass_scaled_mm_supports_block_fp8(int cuda_device_capability) -> bool",
            "csrc/torch_bindings.cpp; called at import by "
-           "vllm/model_executor/layers/quantization/utils/w8a8_utils.py:41 (vllm/_custom_ops.py:780)",
+           "w8a8_utils.CUTLASS_BLOCK_FP8_SUPPORTED at import (_custom_ops.cutlass_scaled_mm_supports_block_fp8)",
            cutlass_scaled_mm_supports_block_fp8),
     OpSpec("_moe_C", "topk_softmax",
            "topk_softmax(Tensor(a!) topk_weights, Tensor(b!) topk_indices, Tensor(c!) token_expert_indices, "
            "Tensor gating_output, bool renormalize, Tensor? bias, Tensor? is_padding) -> ()",
            "csrc/moe/torch_bindings.cpp; the router's fused_topk "
-           "(fused_moe/router/fused_topk_router.py:33, vllm/_custom_ops.py:2371)",
+           "(fused_topk_router.vllm_topk_softmax, _custom_ops.topk_softmax)",
            topk_softmax, _keep_buffers),
     OpSpec("_moe_C", "moe_align_block_size",
            "moe_align_block_size(Tensor topk_ids, int num_experts, int block_size, Tensor(a!) sorted_token_ids, "
            "Tensor(b!) experts_ids, Tensor(c!) num_tokens_post_pad, Tensor? maybe_expert_map, "
            "Tensor(d!)? scatter_idx) -> ()",
-           "csrc/moe/torch_bindings.cpp; fused_moe/moe_align_block_size.py:153 (vllm/_custom_ops.py:2222)",
+           "csrc/moe/torch_bindings.cpp; moe_align_block_size.moe_align_block_size (_custom_ops.moe_align_block_size)",
            moe_align_block_size, _keep_buffers),
     OpSpec("_C", "silu_and_mul", "silu_and_mul(Tensor(a!) result, Tensor input) -> ()",
-           "csrc/torch_bindings.cpp; fused_moe/activation.py:356 (apply_moe_activation, SILU)",
+           "csrc/torch_bindings.cpp; fused_moe/activation.py apply_moe_activation (SILU)",
            silu_and_mul, _keep_buffers),
     OpSpec("_moe_C", "moe_sum",
            "moe_sum(Tensor input, Tensor(a!) output, Tensor? topk_ids=None, Tensor? expert_map=None) -> ()",
-           "csrc/moe/torch_bindings.cpp; TritonExperts.moe_sum (fused_moe/experts/triton_moe.py:653, "
-           "vllm/_custom_ops.py:2196)",
+           "csrc/moe/torch_bindings.cpp; TritonExperts.moe_sum (fused_moe/experts/triton_moe.py, "
+           "_custom_ops.moe_sum)",
            moe_sum, _keep_buffers),
     OpSpec("_C_cache_ops", "reshape_and_cache_flash",
            "reshape_and_cache_flash(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
@@ -221,9 +221,9 @@ class _Absent(types.ModuleType):
 
 
 IMPORT_SHIMS = (
-    ("vllm.vllm_flash_attn", "vllm/v1/attention/backends/fa_utils.py:24 imports it on CUDA; the FA extensions "
-                             "(_vllm_fa2_C/_vllm_fa3_C) do not load here"),
-    ("einops", "vllm/v1/attention/ops/vit_attn_wrappers.py:16 imports it at module level; not installed here"),
+    ("vllm.vllm_flash_attn", "vllm/v1/attention/backends/fa_utils.py imports it at module level on CUDA; the FA "
+                             "extensions (_vllm_fa2_C/_vllm_fa3_C) do not load here"),
+    ("einops", "vllm/v1/attention/ops/vit_attn_wrappers.py imports it at module level; not installed here"),
 )
 
 

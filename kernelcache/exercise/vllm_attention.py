@@ -166,7 +166,7 @@ def target_queries():
     torch.cuda.get_device_capability = lambda device=None: capability
     try:
         yield [{"call": "torch.cuda.get_device_capability", "returns": list(capability),
-                "upstream": "vllm/v1/attention/ops/triton_reshape_and_cache_flash.py:445"}]
+                "upstream": "triton_reshape_and_cache_flash (vllm/v1/attention/ops/triton_reshape_and_cache_flash.py)"}]
     finally:
         torch.cuda.get_device_capability = original
 

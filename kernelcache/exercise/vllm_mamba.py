@@ -124,7 +124,7 @@ def prepare() -> dict:
 
     device_tables.track(mamba_ssm, "get_ssm_configs")  # selective_state_update's configs, by device name
     done["platform"] = pdl_like_cuda() if cross() else []
-    done["calls"] = [{"call": "torch.ops.vllm.mamba_mixer2", "by": "mamba_mixer2.mamba_mixer2 (mamba_mixer2.py:1230)",
+    done["calls"] = [{"call": "torch.ops.vllm.mamba_mixer2", "by": "mamba_mixer2.mamba_mixer2 (the op's Python body)",
                       "why": "under FakeTensorMode the custom op runs its fake impl, which launches no kernel"}
                      ] if cross() else []
     return done
@@ -140,8 +140,9 @@ def install_ops(fake_ops: Any) -> list[dict]:
     """The C ops the Mamba-2 path meets beyond exercise/fake_ops.py's: registered only where absent."""
     spec = fake_ops.OpSpec("_C", "cutlass_scaled_mm_supports_fp8",
                            "cutlass_scaled_mm_supports_fp8(int cuda_device_capability) -> bool",
-                           "csrc/torch_bindings.cpp; called at import by quantization/online/fp8.py:193 "
-                           "(w8a8_utils.py:18, vllm/_custom_ops.py:777), reached from linear.py:522",
+                           "csrc/torch_bindings.cpp; called at import by quantization/online/fp8.py "
+                           "Fp8PerTensorOnlineLinearMethod (w8a8_utils.cutlass_fp8_supported, "
+                           "_custom_ops.cutlass_scaled_mm_supports_fp8), reached from ColumnParallelLinear.__init__",
                            cutlass_scaled_mm_supports_fp8)
     if fake_ops._present(spec):
         return []
@@ -158,7 +159,7 @@ def pdl_like_cuda() -> list[dict]:
     if platform.__name__ == "CudaPlatform" or "is_arch_support_pdl" in vars(platform):
         return []
     platform.is_arch_support_pdl = classmethod(lambda cls: cls.get_device_capability().major >= 9)
-    return [{"platform": f"{platform.__name__}.is_arch_support_pdl", "as": "platforms/cuda.py:738 (major >= 9)",
+    return [{"platform": f"{platform.__name__}.is_arch_support_pdl", "as": "CudaPlatform.is_arch_support_pdl (major >= 9)",
              "why": "causal_conv1d passes it as launch_pdl, a Triton compile option"}]
 
 

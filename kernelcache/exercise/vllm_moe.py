@@ -127,10 +127,10 @@ def python_bodies(layer: MoELayer, entries: list[str]) -> list[dict]:
     done = []
     if "layer" in entries:
         layer.runner._forward_entry = moe_runner._moe_forward
-        done.append({"call": "torch.ops.vllm.moe_forward", "by": "moe_runner._moe_forward (runner/moe_runner.py:117)",
+        done.append({"call": "torch.ops.vllm.moe_forward", "by": "moe_runner._moe_forward (the op's Python body)",
                      "why": why})
     if "fused_experts" in entries:
-        done.append({"call": "torch.ops.vllm.fused_experts", "by": "fused_moe.fused_experts_impl (fused_moe.py:1664)",
+        done.append({"call": "torch.ops.vllm.fused_experts", "by": "fused_moe.fused_experts_impl (the op's Python body)",
                      "why": why})
     return done
 
