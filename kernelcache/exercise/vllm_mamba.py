@@ -159,7 +159,8 @@ def pdl_like_cuda() -> list[dict]:
     if platform.__name__ == "CudaPlatform" or "is_arch_support_pdl" in vars(platform):
         return []
     platform.is_arch_support_pdl = classmethod(lambda cls: cls.get_device_capability().major >= 9)
-    return [{"platform": f"{platform.__name__}.is_arch_support_pdl", "as": "CudaPlatform.is_arch_support_pdl (major >= 9)",
+    return [{"platform": f"{platform.__name__}.is_arch_support_pdl",
+             "as": "CudaPlatform.is_arch_support_pdl (major >= 9)",
              "why": "causal_conv1d passes it as launch_pdl, a Triton compile option"}]
 
 

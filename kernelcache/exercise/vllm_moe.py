@@ -130,8 +130,8 @@ def python_bodies(layer: MoELayer, entries: list[str]) -> list[dict]:
         done.append({"call": "torch.ops.vllm.moe_forward", "by": "moe_runner._moe_forward (the op's Python body)",
                      "why": why})
     if "fused_experts" in entries:
-        done.append({"call": "torch.ops.vllm.fused_experts", "by": "fused_moe.fused_experts_impl (the op's Python body)",
-                     "why": why})
+        done.append({"call": "torch.ops.vllm.fused_experts",
+                     "by": "fused_moe.fused_experts_impl (the op's Python body)", "why": why})
     return done
 
 
