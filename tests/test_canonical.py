@@ -43,6 +43,9 @@ def old_data(manifest: Manifest) -> dict:
         del data["target"]["device_keys"]
     if manifest.tuning is None:  # likewise bundles nobody tuned
         del data["tuning"]
+    for module in data["flashinfer"]:  # likewise FlashInfer modules built without a record of their sources
+        if module["sources_sha256"] is None:
+            del module["sources"], module["sources_sha256"]
     return data
 
 
