@@ -282,9 +282,14 @@ def test_ls_shows_the_cache_size_and_prune_removes_the_least_recently_used_first
     total = sum(b.size for b in blobs_now)
     listing = json.loads(kc("ls", "--build-cache", str(cache), "--json", check=True).stdout)
     assert (listing["entries"], listing["size_on_disk"]) == (len(blobs_now), total) and listing["entries"] > 4
-    for age, blob in enumerate(sorted(blobs_now, key=lambda b: str(b.path))):  # a known order of last use
+    # A known order of last use: the exercise records oldest (a record restores only with all its kernels, so
+    # the three kept must be kernel or module entries for the rebuild to take exactly three), then by path.
+    def record_first(blob):
+        return (blobs.unpack(blob.path.read_bytes(), blob.key)[0].kind != "exercise", str(blob.path))
+    order = sorted(blobs_now, key=record_first)
+    assert blobs.unpack(order[0].path.read_bytes(), order[0].key)[0].kind == "exercise"  # the cold build kept one
+    for age, blob in enumerate(order):
         os.utime(blob.path, (1_000_000 + age, 1_000_000 + age))
-    order = sorted(blobs_now, key=lambda b: str(b.path))
     keep = sum(b.size for b in order[-3:])
     dry = json.loads(kc("prune", "--build-cache", str(cache), "--max-size", str(keep), "--dry-run", "--json",
                         check=True).stdout)
