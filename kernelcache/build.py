@@ -242,7 +242,7 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
     flashinfer, flashinfer_cache = _flashinfer_modules(plan, target, work, cache)
     attention, left_out = flashinfer_attention_modules(run.results, target)
     flashinfer += attention
-    bundles = []
+    bundles, frames = [], _frames(cache)
     for profile in target.profiles:
         name = f"{plan.name}-{target.arch}-{profile.name}.tar.zst"
         build_info = Build(tool=f"kernelcache {__version__}", mode=target.mode, source_date_epoch=source_date_epoch(),
@@ -250,14 +250,31 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
                            skipped=tuple(found.skipped) + left_out)
         tgt = Target("cuda", target.arch, 32, gpu=profile.name, sm_count=target.sm_count,
                      device_keys=device_keys_of(run.log.device_tables, profile))
-        bundles.append(make_bundle(out / name, found.entries, tgt, environment, build_info, flashinfer, identity))
+        bundles.append(make_bundle(out / name, found.entries, tgt, environment, build_info, flashinfer, identity,
+                                   frames))
     ran = run.ran_log() if run.restored else run.log
     compiled = [r for r in ran.compiles if not r.cache_hit]
     return TargetResult(target, tuple(bundles), time.perf_counter() - started,
                         sum((r.compile_us or 0) for r in compiled) / 1e6, len(compiled), coverage,
                         tuple(found.skipped) + left_out,
-                        build_cache=BuildCacheCounts.of(cache and cache.location, ran.build_cache,
-                                                        flashinfer_cache, kept))
+                        build_cache=_with_frames(BuildCacheCounts.of(cache and cache.location, ran.build_cache,
+                                                                     flashinfer_cache, kept), frames))
+
+
+def _frames(cache: BuildCacheSpec | None):
+    """Where this target's compressed bundles are kept (buildcache/frames.py); None without a build cache."""
+    if cache is None:
+        return None
+    from .buildcache import open_store
+    from .buildcache.frames import StoreFrames
+
+    return StoreFrames(open_store(cache))
+
+
+def _with_frames(counts: BuildCacheCounts, frames) -> BuildCacheCounts:
+    if frames is None:
+        return counts
+    return replace(counts, bundles=frames.reused, errors=tuple(sorted({*counts.errors, *frames.errors})))
 
 
 def _unit_records(cache: BuildCacheSpec | None, targets: list[BuildTarget]):

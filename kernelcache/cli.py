@@ -671,7 +671,8 @@ def _build_summary(target) -> None:
         out.print(f"build cache {cache.location}: {cache.reused} kernels and {cache.reused_modules} modules reused, "
                   f"{cache.published} entries added" + (f", {cache.corrupt} corrupt ones compiled again"
                                                          if cache.corrupt else "")
-                  + (f"; FlashInfer's module {cache.flashinfer}" if cache.flashinfer else ""), markup=False)
+                  + (f"; FlashInfer's module {cache.flashinfer}" if cache.flashinfer else "")
+                  + (f"; {cache.bundles} compressed bundle(s) reused" if cache.bundles else ""), markup=False)
     if cache.units and (cache.units.reused or cache.units.kept):
         out.print(f"exercise processes: {cache.units.reused} unit(s) restored instead of run, {cache.units.kept} "
                   "recorded for the next build", markup=False)

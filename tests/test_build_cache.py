@@ -104,9 +104,22 @@ def test_a_warm_build_compiles_nothing_and_writes_the_bundle_a_build_without_the
     assert (warm.build_cache.reused, warm.build_cache.reused_modules) == (kernels, modules)
     assert ran(tmp_path, "warm") == []  # no exercise process: the unit's record brought its outputs
     assert warm.build_cache.units.reused == 1 and warm.build_cache.units.kept == 0
+    assert (cold.build_cache.bundles, warm.build_cache.bundles) == (0, 1)  # the cold build's frame, not compressed
     assert warm.coverage == cold.coverage == only(reference).coverage
     assert bundle_bytes(warm_result) == bundle_bytes(reference)
     assert [p.read_bytes() for p in build_outputs(tmp_path, "cold")] == bundle_bytes(reference)
+
+
+def test_a_corrupt_compressed_bundle_is_compressed_again_and_replaced(reference, tmp_path):
+    cache = tmp_path / "cache"
+    only(build(tmp_path, "cold", str(cache)))
+    [frame] = [p for paths in stored(cache, kinds=("bundle",)).values() for p in paths]
+    good = frame.read_bytes()
+    frame.write_bytes(good[:-40] + bytes(40))  # its zstd checksum and sha256 no longer hold
+    again = build(tmp_path, "again", str(cache))
+    assert only(again).build_cache.bundles == 0 and bundle_bytes(again) == bundle_bytes(reference)
+    assert frame.read_bytes() == good  # the frame compressed again replaced the corrupt one
+    assert only(build(tmp_path, "third", str(cache))).build_cache.bundles == 1
 
 
 def build_outputs(tmp_path: Path, name: str) -> list[Path]:
@@ -282,12 +295,14 @@ def test_ls_shows_the_cache_size_and_prune_removes_the_least_recently_used_first
     total = sum(b.size for b in blobs_now)
     listing = json.loads(kc("ls", "--build-cache", str(cache), "--json", check=True).stdout)
     assert (listing["entries"], listing["size_on_disk"]) == (len(blobs_now), total) and listing["entries"] > 4
-    # A known order of last use: the exercise records oldest (a record restores only with all its kernels, so
-    # the three kept must be kernel or module entries for the rebuild to take exactly three), then by path.
-    def record_first(blob):
-        return (blobs.unpack(blob.path.read_bytes(), blob.key)[0].kind != "exercise", str(blob.path))
-    order = sorted(blobs_now, key=record_first)
-    assert blobs.unpack(order[0].path.read_bytes(), order[0].key)[0].kind == "exercise"  # the cold build kept one
+    # A known order of last use: the exercise record and the compressed bundle oldest (a record restores only with
+    # all its kernels, so the three kept must be kernel or module entries for the rebuild to take three), then by
+    # path.
+    def kind(blob):
+        return blobs.unpack(blob.path.read_bytes(), blob.key)[0].kind
+
+    order = sorted(blobs_now, key=lambda b: (kind(b) in ("kernel", "module"), str(b.path)))
+    assert sorted(kind(b) for b in order[:2]) == ["bundle", "exercise"]  # the cold build kept one of each
     for age, blob in enumerate(order):
         os.utime(blob.path, (1_000_000 + age, 1_000_000 + age))
     keep = sum(b.size for b in order[-3:])

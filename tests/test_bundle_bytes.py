@@ -100,3 +100,32 @@ def test_a_real_cache_packs_to_the_same_bytes_from_another_path_at_another_time(
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as scratch:
         sys.stdout.write(json.dumps(digests(fixed_bundle(Path(scratch))), indent=1) + "\n")
+
+
+class KeptFrames(dict):
+    """``format.archive.Frames`` over a dict, counting what was taken."""
+
+    taken = 0
+
+    def get(self, key):
+        frame = super().get(key)
+        self.taken += frame is not None
+        return frame
+
+    def put(self, key, frame):
+        self[key] = frame
+
+
+def test_a_kept_frame_is_taken_only_when_it_decompresses_to_the_stream():
+    from kernelcache.format.archive import compressed, frame_key
+
+    stream, other = os.urandom(1000) * 50, os.urandom(1000) * 50
+    frames = KeptFrames()
+    first = compressed(stream, 19, frames)
+    assert first == compressed(stream, 19) and list(frames) == [frame_key(stream, 19)] and frames.taken == 0
+    assert compressed(stream, 19, frames) == first and frames.taken == 1
+    assert frame_key(stream, 3) != frame_key(stream, 19) != frame_key(other, 19)
+    frames[frame_key(stream, 19)] = compressed(other, 19)  # a frame of another stream under this stream's key
+    assert compressed(stream, 19, frames) == first and frames[frame_key(stream, 19)] == first
+    frames[frame_key(stream, 19)] = first[:-4]  # cut short
+    assert compressed(stream, 19, frames) == first and frames[frame_key(stream, 19)] == first

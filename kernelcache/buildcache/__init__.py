@@ -139,6 +139,7 @@ class BuildCacheCounts:
     errors: tuple[str, ...] = field(default_factory=tuple)  # store failures (the build went on without it)
     flashinfer: str | None = None  # FlashInfer's module: "reused", "published", "corrupt" (built again); None: none
     units: RecordCounts | None = None  # exercise records (buildcache/exercises.py); None: the build kept none
+    bundles: int = 0  # bundles whose compressed bytes came from the build cache (buildcache/frames.py)
 
     @classmethod
     def of(cls, location: str | None, events: tuple[dict, ...], flashinfer: str | None = None,
@@ -162,4 +163,4 @@ class BuildCacheCounts:
         return {"location": self.location, "reused": self.reused, "reused_modules": self.reused_modules,
                 "published": self.published, "corrupt": self.corrupt, "foreign": self.foreign,
                 "errors": list(self.errors), "flashinfer": self.flashinfer,
-                "units": self.units.to_dict() if self.units else None}
+                "units": self.units.to_dict() if self.units else None, "bundles": self.bundles}

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..format.archive import bundle_digest, source_date_epoch, write
+from ..format.archive import Frames, bundle_digest, source_date_epoch, write
 from ..format.compilelog import ExerciseLog
 from ..format.fingerprint import local_environment
 from ..format.identity import identity_here
@@ -48,9 +48,10 @@ class PackResult:
 
 def make_bundle(output: str | os.PathLike, entries: list[Entry], target: Target, environment: Environment,
                 build: Build, flashinfer: tuple[tuple[FlashInferModule, list], ...] = (),
-                triton_identity: TritonIdentity | None = None) -> PackResult:
+                triton_identity: TritonIdentity | None = None, frames: Frames | None = None) -> PackResult:
     """Hash every member, write the manifest and the bundle. ``flashinfer``: (module, members) pairs;
-    ``triton_identity``: the Triton that compiled the entries, by content (format/identity.py)."""
+    ``triton_identity``: the Triton that compiled the entries, by content (format/identity.py); ``frames``: where
+    compressed bundles are kept (buildcache/frames.py)."""
     readers, records = {}, {}
     for entry in entries:
         records[entry.key] = [_record(m.path, m.read(), readers, m) for m in entry.members]
@@ -61,7 +62,7 @@ def make_bundle(output: str | os.PathLike, entries: list[Entry], target: Target,
         fi_modules.append(FlashInferModule(**{**module.__dict__, "files": files}))
     manifest = Manifest(target=target, environment=environment, build=build, kernels=tuple(kernels),
                         modules=tuple(modules), flashinfer=tuple(fi_modules), triton_identity=triton_identity)
-    path = write(output, manifest, readers.items())
+    path = write(output, manifest, readers.items(), frames=frames)
     return PackResult(path, manifest, build.skipped)
 
 

@@ -2,7 +2,8 @@
 
 Writing: members sorted by path, fixed mtime (SOURCE_DATE_EPOCH or 0), uid/gid 0, no owner names,
 mode 0644, regular files only, one zstd frame at a fixed level, published with ``os.replace``.
-The same inputs give byte-identical bundles.
+The same inputs give byte-identical bundles. A writer given ``Frames`` (the build cache's, buildcache/frames.py)
+takes the frame of a tar stream it compressed before instead of compressing it again.
 
 Reading is a single streaming pass that trusts nothing:
 
@@ -33,6 +34,7 @@ import tarfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import zstandard
 
@@ -121,22 +123,24 @@ def check_member_name(name: str) -> None:
 # -- writing -------------------------------------------------------------------------------------
 
 
+class Frames(Protocol):
+    """Where compressed bundles are kept by ``frame_key`` (buildcache/frames.py): ``get`` gives the frame or None."""
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def put(self, key: str, frame: bytes) -> None: ...
+
+
 def write(path: str | os.PathLike, manifest: Manifest, members: Iterable[tuple[str, Callable[[], bytes]]],
-          level: int = ZSTD_LEVEL) -> Path:
-    """Write a bundle atomically. ``members`` yields (path, read) pairs; they are sorted here."""
+          level: int = ZSTD_LEVEL, frames: Frames | None = None) -> Path:
+    """Write a bundle atomically. ``members`` yields (path, read) pairs; they are sorted here. ``frames``: compressed
+    bundles kept by their tar stream, level and zstandard (a rebuild of the same members compresses nothing)."""
     out = Path(path)
-    body = manifest.to_json()
-    mtime = manifest.build.source_date_epoch
+    stream = tar_stream(manifest, members)
     tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
     try:
         with open(tmp, "wb") as raw:
-            compressor = zstandard.ZstdCompressor(level=level, write_checksum=True)
-            with compressor.stream_writer(raw, closefd=False) as zst, \
-                    tarfile.open(fileobj=zst, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                _add(tar, MANIFEST_NAME, body, mtime)
-                for name, read in sorted(members, key=lambda m: m[0]):
-                    check_member_name(name)
-                    _add(tar, name, read(), mtime)
+            raw.write(compressed(stream, level, frames))
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(tmp, out)
@@ -147,6 +151,51 @@ def write(path: str | os.PathLike, manifest: Manifest, members: Iterable[tuple[s
         discard(tmp)
         raise
     return out
+
+
+def tar_stream(manifest: Manifest, members: Iterable[tuple[str, Callable[[], bytes]]]) -> bytes:
+    """The bundle's uncompressed tar: ``manifest.json`` first, then the members by path, with fixed headers."""
+    mtime = manifest.build.source_date_epoch
+    stream = io.BytesIO()
+    with tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        _add(tar, MANIFEST_NAME, manifest.to_json(), mtime)
+        for name, read in sorted(members, key=lambda m: m[0]):
+            check_member_name(name)
+            _add(tar, name, read(), mtime)
+    return stream.getvalue()
+
+
+def compressed(stream: bytes, level: int, frames: Frames | None = None) -> bytes:
+    """One zstd frame of ``stream`` (content checksum on, no content size: the streaming form), taken from
+    ``frames`` when it holds one that decompresses to ``stream``, else compressed and put there."""
+    key = frame_key(stream, level)
+    kept = frames.get(key) if frames is not None else None
+    if kept is not None and _holds(kept, stream):
+        return kept
+    out = io.BytesIO()
+    with zstandard.ZstdCompressor(level=level, write_checksum=True).stream_writer(out, closefd=False) as zst:
+        zst.write(stream)
+    frame = out.getvalue()
+    if frames is not None:
+        frames.put(key, frame)
+    return frame
+
+
+def frame_key(stream: bytes, level: int) -> str:
+    """What decides a bundle's compressed bytes: the tar stream's sha256, the level, zstandard and its libzstd."""
+    inputs = f"kernelcache bundle frame 1\0{hashlib.sha256(stream).hexdigest()}\0{level}\0{zstandard.__version__}" \
+             f"\0{zstandard.ZSTD_VERSION}"
+    return hashlib.sha256(inputs.encode()).hexdigest()
+
+
+def _holds(frame: bytes, stream: bytes) -> bool:
+    """Whether ``frame`` is one zstd frame that decompresses to exactly ``stream``."""
+    try:
+        out = zstandard.ZstdDecompressor().decompressobj()
+        data = out.decompress(frame)
+    except zstandard.ZstdError:
+        return False
+    return out.eof and not out.unused_data and data == stream
 
 
 def discard(path: Path) -> None:
