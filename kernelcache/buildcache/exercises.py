@@ -345,12 +345,14 @@ class UnitRecords:
         self._lock = threading.Lock()
         self._owners: dict[str, _Owner] = {}
         self._written: dict[Path, UnitUse] = {}  # job dir of a unit not run here -> the entries it brought
+        self._keys: dict[Path, str] = {}  # job dir -> its unit's key (hashing the task modules once per unit)
+        self._roots: list[str] | None = None
         self._errors: list[str] = []
         self._stopped = False
 
     def reuse(self, job_dir: Path, job: Job) -> bool:
         """Write the unit's outputs from another target of this build or from a record (True: it need not run)."""
-        key = unit_key(job, self.stack)
+        key = self._key(job_dir, job)
         with self._lock:
             owner = self._owners.get(key)
             if owner is None:
@@ -365,7 +367,7 @@ class UnitRecords:
             return False
         try:
             files = take(self.store, key)
-            roots = install_roots() + [os.path.dirname(m[0]) for m in task_modules(job).values() if m]
+            roots = self._install_roots() + [os.path.dirname(m[0]) for m in task_modules(job).values() if m]
             written = restore(self.store, files, job_dir, Path(job.cache_dir), roots) if files is not None else None
         except Exception as exc:  # noqa: BLE001 -- the store failed: run the unit instead, and say so
             self._errors.append(f"reading: {type(exc).__name__}: {exc}")
@@ -377,10 +379,21 @@ class UnitRecords:
     def ran(self, job_dir: Path, job: Job, ok: bool) -> None:
         """The unit of ``job`` is done in ``job_dir``: the units of its key waiting in other targets go on."""
         with self._lock:
-            owner = self._owners.get(unit_key(job, self.stack))
+            owner = self._owners.get(self._key(job_dir, job))
         if owner is not None and owner.job_dir == job_dir:
             owner.ok = ok
             owner.done.set()
+
+    def _key(self, job_dir: Path, job: Job) -> str:
+        key = self._keys.get(job_dir)
+        if key is None:
+            key = self._keys[job_dir] = unit_key(job, self.stack)
+        return key
+
+    def _install_roots(self) -> list[str]:
+        if self._roots is None:
+            self._roots = install_roots()
+        return self._roots
 
     def stop(self) -> None:
         """The build failed: units waiting for another target's unit give up instead of waiting for ever."""
@@ -414,7 +427,7 @@ class UnitRecords:
                                                                   and not product_bound(job)):
                 continue
             try:
-                keep(self.store, unit_key(job, self.stack), job_dir, uses[job_dir])
+                keep(self.store, self._key(job_dir, job), job_dir, uses[job_dir])
                 kept += 1
             except Exception as exc:  # noqa: BLE001 -- the unit ran; only the next build misses out
                 with self._lock:
