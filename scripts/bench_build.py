@@ -54,6 +54,7 @@ def build(args: list[str], out: Path, cache: str | None) -> dict:
             "compile_s": sum(t["compile_seconds"] for t in targets),
             "reused": sum(t["build_cache"]["reused"] for t in targets),
             "units_reused": sum((t["build_cache"].get("units") or {}).get("reused", 0) for t in targets),
+            "bundles_reused": sum(t["build_cache"].get("bundles", 0) for t in targets),
             "kernels": [b["kernels"] for t in targets for b in t["bundles"]],
             "bundles": sorted(b["path"] for t in targets for b in t["bundles"])}
 
@@ -169,7 +170,7 @@ def cache_scenarios(opts, root: Path) -> tuple[list[dict], list[str]]:
         if "profiles" in wanted:
             found.update(profiles_round(opts, root))
         rounds.append(found)
-        print(json.dumps({k: {f: v[f] for f in ("wall_s", "compiles", "reused", "units_reused")}
+        print(json.dumps({k: {f: v.get(f) for f in ("wall_s", "compiles", "reused", "units_reused", "bundles_reused")}
                           for k, v in found.items()}),
               file=sys.stderr, flush=True)
     table = [f"| build | wall (median of {opts.repeat}) | compiles | reused from the build cache | vs. cold |",
