@@ -36,6 +36,7 @@ def test_every_family_with_a_check_resolves_to_it():
     assert prove.checks()["sampler"] == ("registry", "mrv1", "mrv2")
     assert prove.resolve(["mrv2", "moe", "sampler", "registry"]) == ["sampler", "moe"]
     assert prove.resolve(["mrv1_spec_decode"]) == ["spec_decode"]
+    assert prove.resolve(["flashinfer_attention"]) == ["flashinfer_attention"]
     with pytest.raises(SystemExit, match="no GPU check proves 'flashinfer'"):
         prove.resolve(["flashinfer"])
 
@@ -68,6 +69,8 @@ def test_a_check_gets_its_families_tasks_of_the_plan():
     assert [t["label"] for t in sampler] == ["registry", "mrv1", "mrv2"]
     assert {t["kwargs"]["vocab"] for t in sampler} == {default.vocabs[0].size}
     assert prove.tasks_for("spec_decode", default) == []  # no drafts, no spec-decode task
+    gemma = prove.tasks_for("flashinfer_attention", recipe.load("gemma-2-9b-flashinfer"))
+    assert sorted(t["kwargs"]["sliding_window"] for t in gemma) == [0, 4096]  # one layer per window
 
 
 def run(digests: dict, compiles: int = 0, gcc: int = 0, **more) -> dict:
@@ -79,6 +82,7 @@ def run(digests: dict, compiles: int = 0, gcc: int = 0, **more) -> dict:
     (run({"a": "1", "b": "3"}), False, ["b"]),
     (run({"a": "1", "b": "2"}, compiles=1), False, []),
     (run({"a": "1", "b": "2"}, gcc=1), False, []),
+    (run({"a": "1", "b": "2"}, nvcc_runs=1), False, []),  # FlashInfer built a module: the bundle missed it
     (run({"a": "1"}), False, []),
 ])
 def test_a_family_is_proven_when_the_bundle_compiles_nothing_and_matches_cold(bundle, ok, differing):
@@ -112,6 +116,24 @@ def test_outputs_are_digested_bit_for_bit():
                            "v": base.reshape(4, 3), "e": torch.empty(0)})
     assert found["x"] == found["y"]
     assert len({found[k] for k in ("x", "z", "w", "v", "e")}) == 5
+
+
+def test_the_nvcc_wrapper_logs_each_run_to_the_states_log_and_runs_the_real_one(tmp_path, monkeypatch):
+    home = tmp_path / "cuda"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "nvcc").symlink_to("/bin/echo")  # the box's nvcc, here any program that answers
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    env = prove.nvcc_env(tmp_path / "work", dry=False)
+    assert env["CUDA_HOME"] == str(home)
+    log = tmp_path / "cold.nvcc.log"
+    for args in (["-c", "a.cu"], ["-c", "b.cu"]):
+        done = subprocess.run([env["FLASHINFER_NVCC"], *args], capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin", prove.NVCC_LOG: str(log)})
+        assert done.returncode == 0 and done.stdout.split() == args
+    assert [line.split(" ", 1)[1] for line in log.read_text().splitlines()] == ["-c a.cu", "-c b.cu"]
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "none"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert prove.nvcc_env(tmp_path / "work2", dry=False) == {}  # no nvcc: nothing to count, nothing set
 
 
 def test_the_dry_run_prints_each_state_and_runs_nothing(tmp_path):

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Prepare .carry-29/ (git-ignored) for scripts/gpu/h200_flashinfer_attention.sh on an sm_90 machine with no network:
-#   llama-3.1-8b-flashinfer-sm_90-h200.tar.zst  the bundle: `kernelcache build --recipe llama-3.1-8b-flashinfer` for
-#                     sm_90 (FlashInfer's XQA decode and FA3 prefill modules built here by nvcc, the builder's Triton
-#                     kernel), through the same CLI users run;
+# Prepare .carry/ (git-ignored) for `python3 scripts/gpu/prove.py flashinfer_attention` on an sm_90 machine with no
+# network:
+#   flashinfer_attention/llama-3.1-8b-flashinfer-sm_90-h200.tar.zst  the bundle: `kernelcache build --recipe
+#                     llama-3.1-8b-flashinfer` for sm_90 (FlashInfer's XQA decode and FA3 prefill modules built here
+#                     by nvcc, the builder's Triton kernel), through the same CLI users run;
 #   fi-site.tar.xz    flashinfer-python's Python package and dist-info, its own C++/CUDA tree (data/csrc, data/include)
 #                     and, of the libraries it vendors (CUTLASS, CCCL, spdlog), only the files the modules' nvcc builds
 #                     read (ninja's dependency record of each build), so the machine's nvcc can build the same modules
@@ -14,12 +15,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv-lab/bin/python}
-OUT=.carry-29
+CARRY=.carry
+OUT=$CARRY/flashinfer_attention
 WORK=build/flashinfer-attention-carry
 export KERNELCACHE_FLASHINFER_WORKSPACE=${KERNELCACHE_FLASHINFER_WORKSPACE:-$PWD/build/flashinfer-jit}
 export MAX_JOBS=${MAX_JOBS:-1}
 LIMIT_MIB=${LIMIT_MIB:-60}
-rm -rf "$OUT" "$WORK"; mkdir -p "$OUT" "$WORK/site/bin" "$WORK/wheels"
+rm -rf "$OUT" "$WORK" "$CARRY/fi-site.tar.xz"; mkdir -p "$OUT" "$WORK/site/bin" "$WORK/wheels"
 
 # 1. The bundle.
 nice -n 19 "$PY" -m kernelcache build --recipe llama-3.1-8b-flashinfer --arch sm_90 --gpu h200 --output-dir "$OUT" \
@@ -63,11 +65,10 @@ PIP_CONFIG_FILE=/dev/null "$PY" -m pip download -q --no-deps --only-binary=:all:
   -d "$WORK/wheels" nvidia-ml-py packaging tqdm click filelock rich markdown-it-py mdurl pygments
 for wheel in "$WORK"/wheels/*.whl; do "$PY" -m zipfile -e "$wheel" "$WORK/site/site"; done
 mv "$WORK"/site/flashinfer* "$WORK/site/site/"
-tar -C "$WORK/site" -cf - site bin | xz -9 -T1 > "$OUT/fi-site.tar.xz"
+tar -C "$WORK/site" -cf - site bin | xz -9 -T1 > "$CARRY/fi-site.tar.xz"
 # 3. vLLM's tree.
-if [ -n "${VLLM_CARRY:-}" ]; then cp "$VLLM_CARRY" "$OUT/vllm-h200.tar.xz"; else PY=$PY bash scripts/gpu/prepare_carry.sh
-  mv .carry/vllm-h200.tar.xz "$OUT/"; fi
-du -b "$OUT"/*
-total=$(du -cb "$OUT"/* | tail -1 | cut -f1)
-echo "total $((total / 1024)) KiB in $OUT (limit ${LIMIT_MIB} MiB with the repo)"
-[ "$total" -lt $((LIMIT_MIB * 1024 * 1024)) ] || { echo "error: $OUT is over ${LIMIT_MIB} MiB" >&2; exit 1; }
+if [ -n "${VLLM_CARRY:-}" ]; then cp "$VLLM_CARRY" "$CARRY/vllm-h200.tar.xz"; else PY=$PY bash scripts/gpu/prepare_carry.sh; fi
+du -ab "$CARRY" | sort -n | tail -8
+total=$(du -sb "$CARRY" | cut -f1)
+echo "total $((total / 1024)) KiB in $CARRY (limit ${LIMIT_MIB} MiB with the repo)"
+[ "$total" -lt $((LIMIT_MIB * 1024 * 1024)) ] || { echo "error: $CARRY is over ${LIMIT_MIB} MiB" >&2; exit 1; }

@@ -15,7 +15,8 @@ The bundle: ``--bundle NAME=PATH`` (a file, or a folder holding one per GPU prod
 folder, the bundle whose name ends with the visible GPU's profile (``-h200.tar.zst``, ``-h100-sxm.tar.zst``) is
 taken, else the first. States (``--states``, default ``cold,bundle``): ``cold`` (an empty Triton cache; ``cold2``
 ... more of them), ``bundle`` (the bundle installed with ``kernelcache install`` at a new cache dir under its own
-HOME, the process served through ``kernelcache env``), ``tuned`` and ``chosen`` (``State``). Each state runs
+HOME, the process served through ``kernelcache env``; each state's HOME is its own, so FlashInfer's workspace
+starts empty), ``tuned`` and ``chosen`` (``State``). Each state runs
 ``prove.py --child`` in a fresh process: it counts every Triton ``compile()`` (a disk hit or a compile) and every
 gcc launcher build with kernelcache's listener, times the check, and digests each output tensor's bytes.
 
@@ -25,8 +26,12 @@ bit; ``ok`` when the bundle state compiled nothing, built nothing and matched. E
 compile records go to ``OUT/logs.tgz``.
 
 On the GPU box (no vLLM installed) vLLM's pure-Python tree comes from ``.carry/vllm-h200.tar.xz``
-(scripts/gpu/prepare_carry.sh): unpacked under the work dir and put on the children's PYTHONPATH after
-scripts/gpu/site and this checkout. ``--dry-run`` prints the bundle, the tasks and every command, runs nothing.
+(scripts/gpu/prepare_carry.sh) and FlashInfer's package, sources and ninja from ``.carry/fi-site.tar.xz``
+(scripts/gpu/prepare_flashinfer_attention_carry.sh): unpacked under the work dir and put on the children's
+PYTHONPATH (and PATH) after scripts/gpu/site and this checkout. Where the box has an nvcc, ``FLASHINFER_NVCC``
+is a wrapper that logs each run to the state's log: a state's ``nvcc_runs`` counts FlashInfer's JIT builds, and a
+bundle state that ran nvcc is not ``ok``. ``--dry-run`` prints the bundle, the tasks and every command, runs
+nothing.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ sys.path.insert(0, str(ROOT))
 CHECKS = ROOT / "scripts" / "gpu" / "checks"
 CARRY = ROOT / ".carry"
 VLLM_TREE = CARRY / "vllm-h200.tar.xz"
+FLASHINFER_TREE = CARRY / "fi-site.tar.xz"  # scripts/gpu/prepare_flashinfer_attention_carry.sh
+NVCC_LOG = "KERNELCACHE_PROVE_NVCC_LOG"  # where the nvcc wrapper logs a state's runs
 PRODUCTS = {"H200": "h200", "H100 80GB HBM3": "h100-sxm"}  # a GPU's name -> the profile its bundles are built for
 ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "PYTHONUNBUFFERED": "1"}
 
@@ -171,7 +178,8 @@ def run_state(state: State, check: str, tasks: list[dict], out: Path, base_env: 
     result = out / f"{check}-{state.name}.json"
     state.cache.mkdir(parents=True, exist_ok=True)
     state.home.mkdir(parents=True, exist_ok=True)
-    env = {**base_env, "HOME": str(state.home), "TRITON_CACHE_DIR": str(state.cache)}
+    env = {**base_env, "HOME": str(state.home), "TRITON_CACHE_DIR": str(state.cache),
+           NVCC_LOG: str(out / f"{check}-{state.name}.nvcc.log")}
     for command in state.prepare:
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         with (out / f"{check}-{state.name}-prepare.txt").open("a") as log:
@@ -232,11 +240,20 @@ def child(check: str, tasks: list[dict], result: Path) -> dict:
     outputs = found.pop("outputs", {})
     summary = {**found, "all_s": round(seconds, 4), "compiles": sum(not r["cache_hit"] for r in records),
                "hits": sum(bool(r["cache_hit"]) for r in records), "gcc_builds": len(listener.read(str(gcc))),
+               "nvcc_runs": nvcc_runs(),
                "compiled": sorted({r["name"] for r in records if not r["cache_hit"]}),
                "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "triton": __import__("triton").__version__, "digests": digests(outputs)}
     result.write_text(json.dumps(summary, indent=1, default=str))
     return summary
+
+
+def nvcc_runs() -> int:
+    """The nvcc runs the box's wrapper logged for this state (FlashInfer's JIT builds)."""
+    try:
+        return len(Path(os.environ[NVCC_LOG]).read_text().splitlines())
+    except (KeyError, OSError):
+        return 0
 
 
 def digests(outputs: dict) -> dict[str, str]:
@@ -276,7 +293,8 @@ def summarise(check: str, runs: dict[str, dict], bundle: Path | None) -> dict:
 
 def served_ok(run: dict, row: dict) -> bool:
     matched = [v["identical"] for k, v in row.items() if k.startswith("outputs_vs_")]
-    return "error" not in run and run.get("compiles") == 0 and run.get("gcc_builds") == 0 and matched == [True]
+    return "error" not in run and run.get("compiles") == 0 and run.get("gcc_builds") == 0 and \
+        not run.get("nvcc_runs") and matched == [True]
 
 
 # -- the box ----------------------------------------------------------------------------------------------------
@@ -284,8 +302,9 @@ def served_ok(run: dict, row: dict) -> bool:
 
 @dataclass
 class Box:
-    """The GPU box's Python environment for the children: this checkout, and vLLM's carried tree when it has no
-    vLLM of its own."""
+    """The GPU box's Python environment for the children: this checkout, vLLM's and FlashInfer's carried trees when
+    it has none of its own, and ``FLASHINFER_NVCC``: a wrapper that logs each nvcc run to the state's log, then
+    runs the box's nvcc (a cold state's FlashInfer builds its modules with it)."""
 
     work: Path
     product: str = ""
@@ -294,18 +313,44 @@ class Box:
 
     def prepare(self, dry: bool) -> None:
         self.product = PRODUCTS.get(next((k for k in PRODUCTS if k in gpu_name()), ""), "")
-        paths = [str(ROOT / "scripts" / "gpu" / "site"), str(ROOT)]
+        paths, bins = [str(ROOT / "scripts" / "gpu" / "site"), str(ROOT)], []
+        if importlib.util.find_spec("flashinfer") is None and FLASHINFER_TREE.is_file():
+            tree = unpack(FLASHINFER_TREE, self.work / "fi", dry)
+            paths.append(str(tree / "site"))
+            bins.append(str(tree / "bin"))  # ninja
         if importlib.util.find_spec("vllm") is None and VLLM_TREE.is_file():
-            tree = self.work / "vx"
-            if not dry:
-                shutil.rmtree(tree, ignore_errors=True)
-                with tarfile.open(VLLM_TREE) as archive:
-                    archive.extractall(tree, filter="fully_trusted")
+            tree = unpack(VLLM_TREE, self.work / "vx", dry)
             paths += [str(tree / "site"), str(tree / "vllm")]
             sys.path.append(str(tree / "site"))  # this process reads bundles too (zstandard)
-        self.env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join(paths)}
+        path = os.pathsep.join([*bins, os.environ.get("PATH", "")])
+        self.env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join(paths), "PATH": path,
+                    "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 1)), **nvcc_env(self.work, dry)}
         if not dry:
             self.description = describe_box()
+
+
+def unpack(archive_path: Path, tree: Path, dry: bool) -> Path:
+    if not dry:
+        shutil.rmtree(tree, ignore_errors=True)
+        with tarfile.open(archive_path) as archive:
+            archive.extractall(tree, filter="fully_trusted")
+    return tree
+
+
+def nvcc_env(work: Path, dry: bool) -> dict:
+    """``CUDA_HOME`` and ``FLASHINFER_NVCC`` (the logging wrapper) when the box has an nvcc; else nothing."""
+    found = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
+    home = os.environ.get("CUDA_HOME") or (str(Path(found).resolve().parents[1]) if found else "")
+    real = Path(home) / "bin" / "nvcc"
+    if not home or not real.exists():
+        return {}
+    wrapper = work / "bin" / "nvcc"
+    if not dry:
+        wrapper.parent.mkdir(parents=True, exist_ok=True)
+        wrapper.write_text(f'#!/bin/sh\necho "$$ $*" | cut -c1-200 >> "${{{NVCC_LOG}:-/dev/null}}"\n'
+                           f'exec "{real}" "$@"\n')
+        wrapper.chmod(0o755)
+    return {"CUDA_HOME": home, "FLASHINFER_NVCC": str(wrapper)}
 
 
 def gpu_name() -> str:
