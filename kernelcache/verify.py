@@ -106,6 +106,7 @@ class VerifyReport:
     unexercised: tuple[BundledKernel, ...] = ()  # bundled kernels no task asked for
     flashinfer: tuple[FlashInferCheck, ...] = ()
     device: str | None = None  # why the device name makes kernels miss (a bundle for another product)
+    left_out: tuple[str, ...] = ()  # FlashInfer modules the build left out, each with its reason
 
     @property
     def compiles(self) -> int:
@@ -133,6 +134,9 @@ class VerifyReport:
         bad = [c for c in self.flashinfer if not c.ok]
         if bad:
             return FlashInferUnverified(f"FlashInfer module {bad[0].name}: {_fi_problem(bad[0], self.cache_dir)}")
+        if self.nothing_verified and self.left_out:
+            return NothingVerified(f"nothing was verified: the bundle holds no kernel or module its plan asks for; the "
+                                   f"build left out {'; '.join(self.left_out)}")
         if self.nothing_verified:
             return NothingVerified(f"nothing was verified: the plan ran {self.tasks} exercise task(s), which asked for "
                                    f"no kernel, and checked no FlashInfer module; {len(self.unexercised)} bundled "
@@ -144,7 +148,7 @@ class VerifyReport:
                 "compiles": self.compiles, "hits": self.hits, "gcc_builds": list(self.gcc_builds),
                 "files_written": list(self.files_written), "tolerated": list(self.tolerated),
                 "seconds": self.seconds, "tasks": self.tasks, "nothing_verified": self.nothing_verified,
-                "device": self.device,
+                "device": self.device, "left_out": list(self.left_out),
                 "kernels": [asdict(k) for k in self.kernels],
                 "unexercised": [asdict(k) for k in self.unexercised],
                 "flashinfer": [{**asdict(c), "ok": c.ok} for c in self.flashinfer]}
@@ -200,7 +204,10 @@ def _verify_plan(plan: BuildPlan, bundle: Manifest, root: Path, work: Path, mode
     checks = tuple(_check_flashinfer(m, root, mode) for m in modules)
     unexercised = sorted((BundledKernel(k.name, k.key) for k in bundle.kernels if k.key not in asked),
                          key=lambda k: (k.name, k.key))
-    return replace(report, seconds=time.perf_counter() - started, flashinfer=checks, unexercised=tuple(unexercised))
+    left_out = tuple(f"{s['path'].removeprefix('flashinfer/')} ({s.get('reason', '')})" for s in bundle.build.skipped
+                     if str(s.get("path", "")).startswith("flashinfer/"))
+    return replace(report, seconds=time.perf_counter() - started, flashinfer=checks, unexercised=tuple(unexercised),
+                   left_out=left_out)
 
 
 def _installed_manifest(root: Path) -> Manifest:

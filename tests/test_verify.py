@@ -32,3 +32,19 @@ def test_the_text_report_warns_about_unexercised_kernels(bundle90):
     assert done.returncode == 52
     assert "no task asked for" in done.stderr and "add_kernel" in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("kernelcache: error: nothing was verified")
+
+
+def test_a_bundle_whose_modules_were_all_left_out_names_them():
+    """Blackwell's trtllm-gen module is left out of a build that cannot fetch NVIDIA's artifacts: verify of that
+    bundle still proves nothing, and says which module the build left out and why."""
+    from pathlib import Path
+
+    from kernelcache.errors import NothingVerified
+    from kernelcache.verify import VerifyReport
+
+    why = "fmha_gen (its build includes a header downloaded from NVIDIA's artifactory)"
+    report = VerifyReport(Path("/cache"), "cross", "sm_100", (), (), (), 0.0, tasks=1, left_out=(why,))
+    failure = report.failure()
+    assert isinstance(failure, NothingVerified) and failure.exit_code == 52
+    assert why in str(failure) and report.to_dict()["left_out"] == [why]
+    assert "float32" not in str(VerifyReport(Path("/c"), "cross", "sm_100", (), (), (), 0.0, left_out=(why,)).failure())
