@@ -1,7 +1,7 @@
 """Compressed bundles in the build cache: a rebuild whose bundle is the same tar stream compresses nothing.
 
-Compressing a bundle at zstd level 19 is most of what a warm build has left to do once its kernels and exercise
-records come from the build cache (about 4 s per MiB of bundle on one core). The compressed bytes are decided by
+Compressing a bundle is most of what a warm build has left to do once its kernels and exercise records come from
+the build cache (seconds for a large bundle). The compressed bytes are decided by
 the tar stream, the level and zstandard with its libzstd (``format/archive.py`` ``frame_key``), so a frame kept
 under that key is the frame the compressor would write. It is kept as a build-cache entry of kind ``bundle``
 (one file, checked against its sha256 like every entry), and the archive writer checks that a frame it takes

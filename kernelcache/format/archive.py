@@ -1,7 +1,8 @@
 """The bundle file: a deterministic ``.tar.zst`` whose first member is ``manifest.json``.
 
 Writing: members sorted by path, fixed mtime (SOURCE_DATE_EPOCH or 0), uid/gid 0, no owner names,
-mode 0644, regular files only, one zstd frame at a fixed level, published with ``os.replace``.
+mode 0644, regular files only, one zstd frame at a fixed level with a window as long as the tar (at most
+128 MiB), published with ``os.replace``.
 The same inputs give byte-identical bundles. A writer given ``Frames`` (the build cache's, buildcache/frames.py)
 takes the frame of a tar stream it compressed before instead of compressing it again.
 
@@ -52,7 +53,12 @@ from . import keep_old_name
 from .manifest import MANIFEST_NAME, FileRecord, Manifest
 from .overlap import ReadAhead, Writer, new_file
 
-ZSTD_LEVEL = 19
+# Level 12 with a window as long as the tar stream (up to 128 MiB): a bundle holds many near-copies of one kernel
+# (one per vocab size, dtype or batch class) far apart in the stream, which a long window finds. On the default
+# recipe's 92 MiB stream that is 7.2 MiB in 1.7 s, against 10.5 MiB in 30-60 s at level 19's 8 MiB window.
+ZSTD_LEVEL = 12
+MAX_WINDOW_LOG = 27  # what zstd's decoders accept without being told (ZSTD_WINDOWLOG_LIMIT_DEFAULT): 128 MiB
+MIN_WINDOW_LOG = 10
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 CHUNK = 1 << 20
 READAHEAD = 64 << 10  # decompressed bytes buffered ahead of the tar reader
@@ -173,7 +179,9 @@ def compressed(stream: bytes, level: int, frames: Frames | None = None) -> bytes
     if kept is not None and _holds(kept, stream):
         return kept
     out = io.BytesIO()
-    with zstandard.ZstdCompressor(level=level, write_checksum=True).stream_writer(out, closefd=False) as zst:
+    params = zstandard.ZstdCompressionParameters.from_level(level, window_log=window_log(len(stream)),
+                                                            write_checksum=True)
+    with zstandard.ZstdCompressor(compression_params=params).stream_writer(out, closefd=False) as zst:
         zst.write(stream)
     frame = out.getvalue()
     if frames is not None:
@@ -181,9 +189,15 @@ def compressed(stream: bytes, level: int, frames: Frames | None = None) -> bytes
     return frame
 
 
+def window_log(size: int) -> int:
+    """The window that covers a stream of ``size`` bytes, within what every decoder accepts by default."""
+    return max(MIN_WINDOW_LOG, min(MAX_WINDOW_LOG, (size - 1).bit_length()))
+
+
 def frame_key(stream: bytes, level: int) -> str:
-    """What decides a bundle's compressed bytes: the tar stream's sha256, the level, zstandard and its libzstd."""
-    inputs = f"kernelcache bundle frame 1\0{hashlib.sha256(stream).hexdigest()}\0{level}\0{zstandard.__version__}" \
+    """What decides a bundle's compressed bytes: the tar stream's sha256 (its size gives the window), the level,
+    zstandard and its libzstd."""
+    inputs = f"kernelcache bundle frame 2\0{hashlib.sha256(stream).hexdigest()}\0{level}\0{zstandard.__version__}" \
              f"\0{zstandard.ZSTD_VERSION}"
     return hashlib.sha256(inputs.encode()).hexdigest()
 
