@@ -131,3 +131,18 @@ def test_a_kept_frame_is_taken_only_when_it_decompresses_to_the_stream():
     assert compressed(stream, 19, frames) == first and frames[frame_key(stream, 19)] == first
     frames[frame_key(stream, 19)] = first[:-4]  # cut short
     assert compressed(stream, 19, frames) == first and frames[frame_key(stream, 19)] == first
+
+
+def test_the_window_covers_the_stream_within_what_decoders_accept_by_default():
+    """Near-copies of one kernel lie far apart in a bundle's stream: the window spans the whole stream, up to zstd's
+    default decoder limit (128 MiB), so ``zstd -d`` and any other default decoder read every bundle."""
+    from kernelcache.format.archive import MAX_WINDOW_LOG, compressed, window_log
+
+    assert [window_log(n) for n in (1, 1024, 1025, 3 << 20, 1 << 27, 1 << 33)] == [10, 10, 11, 22, 27, 27]
+    assert MAX_WINDOW_LOG == 27
+    block = os.urandom(1 << 20)
+    stream = block + os.urandom(2 << 20) + block  # the same MiB again, 3 MiB on
+    frame = compressed(stream, 12)
+    assert zstandard.get_frame_parameters(frame).window_size == 1 << 22
+    assert len(frame) < len(stream) - len(block) + 4096  # the second copy cost next to nothing
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(frame) == stream
