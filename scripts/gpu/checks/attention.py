@@ -82,11 +82,14 @@ def inputs(state, batch, index: int):
     return qkv(state, batch.num_tokens, torch.Generator(device="cuda").manual_seed(1000 + index))
 
 
-def timed_step(state, batch, index: int, records: list[dict]):
+def timed_step(state, batch, index: int, records: list[dict], step=None):
+    """One step (``step``: vllm_attention's, or another backend's of the same shape) on its seeded q/k/v, synchronized
+    and timed, with the compiles and hits it caused."""
     import torch
 
-    from kernelcache.exercise.vllm_attention import step
+    from kernelcache.exercise import vllm_attention
 
+    step = step or vllm_attention.step
     tensors = inputs(state, batch, index)
     seen = len(records)
     torch.cuda.synchronize()

@@ -19,10 +19,10 @@ steps count them. Steps without a sliding window or soft-cap are checked against
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
-from attention import inputs, reference
+from attention import reference
+from attention import timed_step as attention_step
 
 NVCC_LOG = "KERNELCACHE_PROVE_NVCC_LOG"
 # The layer's KV cache holds max_num_seqs full-length sequences; at a recipe's 131072 tokens that is 137 GB for
@@ -109,20 +109,12 @@ def run_layer(task: dict, records: list[dict], outputs: dict) -> dict:
 
 
 def timed_step(state, batch, index: int, records: list[dict]):
-    import torch
-
+    """checks/attention.py's step, on the same seeded q/k/v, through FlashInfer's backend; with its nvcc runs."""
     from kernelcache.exercise.vllm_flashinfer import step
 
-    tensors = inputs(state, batch, index)  # the same seeded q/k/v as the TRITON_ATTN check
-    seen, nvcc_seen = len(records), nvcc_runs()
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    out = step(state, batch, tensors)
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - started
-    new = records[seen:]
-    return ({"seconds": round(seconds, 4), "nvcc": nvcc_runs() - nvcc_seen,
-             "compiles": sum(not r["cache_hit"] for r in new), "hits": sum(bool(r["cache_hit"]) for r in new)}, out)
+    before = nvcc_runs()
+    call, out = attention_step(state, batch, index, records, step)
+    return {**call, "nvcc": nvcc_runs() - before}, out
 
 
 def nvcc_runs() -> int:
