@@ -49,4 +49,4 @@ FAMILY = Family(
            "attention_backend", "flashinfer_cubins"),
     unit=MODEL, tasks=_tasks, note="needs --attention-backend FLASHINFER",
     default=lambda plan: plan.model is not None and served(plan), from_model=lambda model, plan: served(plan),
-    model_rank=7, check=_check, gpu_check="flashinfer_attention")
+    model_rank=7, check=_check, gpu_check="flashinfer_attention", proven="H100")
