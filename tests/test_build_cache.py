@@ -236,10 +236,11 @@ def test_runners_sharing_a_file_url_compile_each_kernel_once(reference, tmp_path
     second_result = build(tmp_path, "runner2", url)
     second = only(second_result)
     assert first.compiles > 0 and second.compiles == 0 and second.build_cache.reused == first.compiles
-    assert bundle_bytes(second_result) == bundle_bytes(reference)
+    assert bundle_bytes(second_result) == bundle_bytes(reference) and second.build_cache.bundles == 1
     kept = first.build_cache.units.kept  # the unit's exercise record, beside the kernels and modules
-    assert len(list((tmp_path / "shared" / "v1").glob("??/*/*.tar.zst"))) == first.build_cache.published + kept == \
-        first.build_cache.published + 1
+    # ... and the compressed bundle, which the second runner took instead of compressing
+    assert len(list((tmp_path / "shared" / "v1").glob("??/*/*.tar.zst"))) == first.build_cache.published + kept + 1 \
+        == first.build_cache.published + 2
 
 
 def test_runners_sharing_a_registry_compile_each_kernel_once(reference, tmp_path):
@@ -254,8 +255,10 @@ def test_runners_sharing_a_registry_compile_each_kernel_once(reference, tmp_path
         tags = json.loads(reg.get("/v2/team/kernel-build-cache/tags/list"))["tags"]
     assert first.compiles > 0 and first.build_cache.errors == ()
     assert second.compiles == 0 and second.build_cache.reused == first.compiles
-    assert len(tags) == first.build_cache.published + first.build_cache.units.kept == first.build_cache.published + 1
-    assert bundle_bytes(second_result) == bundle_bytes(reference)
+    # the entries, the unit's exercise record and the compressed bundle (which the second runner took)
+    assert len(tags) == first.build_cache.published + first.build_cache.units.kept + 1 == \
+        first.build_cache.published + 2
+    assert bundle_bytes(second_result) == bundle_bytes(reference) and second.build_cache.bundles == 1
 
 
 # -- the CLI: bad input, ls, prune ---------------------------------------------------------------------
