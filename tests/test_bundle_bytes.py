@@ -129,8 +129,9 @@ def test_a_kept_frame_is_taken_only_when_it_decompresses_to_the_stream():
     assert frame_key(stream, 3) != frame_key(stream, 19) != frame_key(other, 19)
     frames[frame_key(stream, 19)] = compressed(other, 19)  # a frame of another stream under this stream's key
     assert compressed(stream, 19, frames) == first and frames[frame_key(stream, 19)] == first
-    frames[frame_key(stream, 19)] = first[:-4]  # cut short
-    assert compressed(stream, 19, frames) == first and frames[frame_key(stream, 19)] == first
+    for bad in (first[:-4], first + b"\0", first + first, compressed(stream + b"x", 19)):  # cut short, trailing
+        frames[frame_key(stream, 19)] = bad  # data (which the reader refuses), two frames, a longer stream
+        assert compressed(stream, 19, frames) == first and frames[frame_key(stream, 19)] == first
 
 
 def test_the_window_covers_the_stream_within_what_decoders_accept_by_default():

@@ -203,13 +203,15 @@ def frame_key(stream: bytes, level: int) -> str:
 
 
 def _holds(frame: bytes, stream: bytes) -> bool:
-    """Whether ``frame`` is one zstd frame that decompresses to exactly ``stream``."""
+    """Whether ``frame`` is exactly one zstd frame (nothing after it, as the reader demands) that decompresses to
+    exactly ``stream`` (decoding stops past ``stream``'s size: a kept frame is not trusted to be small)."""
     try:
-        out = zstandard.ZstdDecompressor().decompressobj()
-        data = out.decompress(frame)
-    except zstandard.ZstdError:
+        if frame_end(io.BytesIO(frame), "a kept frame") != len(frame):
+            return False
+        data = zstandard.ZstdDecompressor().decompress(frame, max_output_size=len(stream))
+    except (BundleFormatError, zstandard.ZstdError):
         return False
-    return out.eof and not out.unused_data and data == stream
+    return data == stream
 
 
 def discard(path: Path) -> None:
