@@ -31,7 +31,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .buildcache import BuildCacheCounts, BuildCacheSpec
+from .buildcache import BuildCacheCounts, BuildCacheSpec, for_one_build
 from .buildcache import check as check_build_cache
 from .buildcache import resolve as resolve_build_cache
 from .bundle.make import PackResult, make_bundle
@@ -137,6 +137,9 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="kernelcache-build-"))
     keep = workdir is not None
+    if cache is None and sum(t.mode == "cross" for t in targets) > 1:
+        cache = for_one_build(scratch)  # the targets share units: what they use must be logged by key
+        shutil.rmtree(cache.location, ignore_errors=True)  # a kept workdir's earlier build shares nothing
     records = _unit_records(cache, targets)
 
     def one(target: BuildTarget, slots: threading.Semaphore | None = None) -> TargetResult:
@@ -257,7 +260,7 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
     return TargetResult(target, tuple(bundles), time.perf_counter() - started,
                         sum((r.compile_us or 0) for r in compiled) / 1e6, len(compiled), coverage,
                         tuple(found.skipped) + left_out,
-                        build_cache=_with_frames(BuildCacheCounts.of(cache and cache.location, ran.build_cache,
+                        build_cache=_with_frames(BuildCacheCounts.of(cache and cache.reported, ran.build_cache,
                                                                      flashinfer_cache, kept), frames))
 
 

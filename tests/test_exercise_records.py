@@ -8,6 +8,7 @@ these tests tell that its process did not run.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -210,7 +211,18 @@ def test_two_products_of_one_build_run_their_shared_unit_once(tmp_path):
     runs = ran(tmp_path, "both")
     assert sorted(r.split("/")[1] for r in runs) == ["151936", "model", "model"]
     assert sorted(t.build_cache.units.reused for t in both.targets) == [0, 1]  # the vocab unit, copied
-    alone = kernelcache.build("sm_90", gpus=["h200"], output_dir=tmp_path / "alone", **flags)
-    h200 = [b for b in both.bundles if b.manifest.target.gpu == "h200"]
-    assert bundle_bytes(alone) == [b.path.read_bytes() for b in h200]
+    assert [t.build_cache.location for t in both.targets] == [None, None]  # one build's own store, not a cache
+    # Each product against its build alone: whichever target ran the shared unit, the one that copied it holds
+    # the same kernels and gcc-built helper modules (launchers) as a build that ran it.
+    for gpu in ("h100-sxm", "h200"):
+        alone = kernelcache.build("sm_90", gpus=[gpu], output_dir=tmp_path / gpu, **flags)
+        [mine] = [b for b in both.bundles if b.manifest.target.gpu == gpu]
+        assert member_digests(alone.bundles[0].path) == member_digests(mine.path), gpu
+        assert bundle_bytes(alone) == [mine.path.read_bytes()]
+
+
+def member_digests(bundle: Path) -> dict[str, str]:
+    from kernelcache.bundle.archive import iter_members
+
+    return {name: hashlib.sha256(data).hexdigest()[:16] for _, name, data in iter_members(bundle)}
 

@@ -28,14 +28,22 @@ from ..errors import KernelcacheError, RemoteError, StorageError, UsageError
 ENV = "KERNELCACHE_BUILD_CACHE"
 MANAGER = "kernelcache.buildcache.manager:BuildCacheManager"
 OFF = "off"
+BUILD_LOCAL = "build"
 
 
 @dataclass(frozen=True)
 class BuildCacheSpec:
-    """A resolved build cache: a local directory (``kind`` "dir") or a shared URL ("url": fsspec, "oci")."""
+    """A resolved build cache: a local directory (``kind`` "dir") or a shared URL ("url": fsspec, "oci"); "build": a
+    directory in one build's scratch dir, where the targets of a build without a build cache share what they
+    compiled (``for_one_build``), reported as no build cache."""
 
     location: str  # an absolute directory, or the URL as given
     kind: str
+
+    @property
+    def reported(self) -> str | None:
+        """The location a build reports (None for one build's own)."""
+        return None if self.kind == BUILD_LOCAL else self.location
 
     def worker_env(self) -> dict[str, str]:
         """What an exercise process needs to use it: Triton's cache manager hook and the location."""
@@ -68,11 +76,18 @@ def resolve(value: str | os.PathLike | bool | None = None) -> BuildCacheSpec | N
     return BuildCacheSpec(os.path.abspath(os.path.expanduser(text)), "dir")
 
 
+def for_one_build(scratch: Path) -> BuildCacheSpec:
+    """A build cache for one build's targets only. Without it, a target that copies a unit another target ran
+    (buildcache/exercises.py ``copy_unit``) could not tell which gcc-built helper modules the unit used: only the
+    build cache's events name their keys."""
+    return BuildCacheSpec(str(scratch / "build-cache"), BUILD_LOCAL)
+
+
 def open_store(spec: BuildCacheSpec):
     """The store behind ``spec`` (buildcache/store.py)."""
     from . import store
 
-    if spec.kind == "dir":
+    if spec.kind in ("dir", BUILD_LOCAL):
         return store.DirStore(spec.location)
     return store.OciStore(spec.location) if spec.kind == "oci" else store.UrlStore(spec.location)
 
