@@ -109,9 +109,11 @@ class KeptFrames(dict):
 
     taken = 0
 
-    def get(self, key):
+    def get(self, key, accept):
         frame = super().get(key)
-        self.taken += frame is not None
+        if frame is None or not accept(frame):
+            return None
+        self.taken += 1
         return frame
 
     def put(self, key, frame):

@@ -4,11 +4,13 @@ Compressing a bundle is most of what a warm build has left to do once its kernel
 the build cache (seconds for a large bundle). The compressed bytes are decided by
 the tar stream, the level and zstandard with its libzstd (``format/archive.py`` ``frame_key``), so a frame kept
 under that key is the frame the compressor would write. It is kept as a build-cache entry of kind ``bundle``
-(one file, checked against its sha256 like every entry), and the archive writer checks that a frame it takes
-decompresses to exactly its stream before it writes it: a wrong or corrupt frame is compressed again.
+(one file, checked against its sha256 like every entry), and a frame is taken only when the archive writer's check
+accepts it (exactly one frame that decompresses to its stream): a wrong or corrupt frame is compressed again.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from .entry import CorruptEntry, pack, unpack
 
@@ -24,13 +26,14 @@ class StoreFrames:
         self.reused = 0  # bundles whose frame came from the store
         self.errors: list[str] = []  # store failures (the bundle was compressed, or not kept, instead)
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str, accept: Callable[[bytes], bool]) -> bytes | None:
+        """The first whole entry's frame that ``accept`` takes (the writer's check that it decodes to its stream)."""
         for blob in self._blobs(key):
             try:
                 entry, files = unpack(blob, key)
             except CorruptEntry:
                 continue
-            if entry.kind == KIND and FRAME in files:
+            if entry.kind == KIND and FRAME in files and accept(files[FRAME]):
                 self.reused += 1
                 return files[FRAME]
         return None

@@ -130,9 +130,10 @@ def check_member_name(name: str) -> None:
 
 
 class Frames(Protocol):
-    """Where compressed bundles are kept by ``frame_key`` (buildcache/frames.py): ``get`` gives the frame or None."""
+    """Where compressed bundles are kept by ``frame_key`` (buildcache/frames.py): ``get`` gives the first kept frame
+    that ``accept`` takes, or None."""
 
-    def get(self, key: str) -> bytes | None: ...
+    def get(self, key: str, accept: Callable[[bytes], bool]) -> bytes | None: ...
 
     def put(self, key: str, frame: bytes) -> None: ...
 
@@ -175,8 +176,8 @@ def compressed(stream: bytes, level: int, frames: Frames | None = None) -> bytes
     """One zstd frame of ``stream`` (content checksum on, no content size: the streaming form), taken from
     ``frames`` when it holds one that decompresses to ``stream``, else compressed and put there."""
     key = frame_key(stream, level)
-    kept = frames.get(key) if frames is not None else None
-    if kept is not None and _holds(kept, stream):
+    kept = frames.get(key, lambda frame: _holds(frame, stream)) if frames is not None else None
+    if kept is not None:
         return kept
     out = io.BytesIO()
     params = zstandard.ZstdCompressionParameters.from_level(level, window_log=window_log(len(stream)),
