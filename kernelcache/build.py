@@ -265,8 +265,9 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
 
 
 def _frames(cache: BuildCacheSpec | None):
-    """Where this target's compressed bundles are kept (buildcache/frames.py); None without a build cache."""
-    if cache is None:
+    """Where this target's compressed bundles are kept (buildcache/frames.py); None without a build cache (one
+    build's own store keeps none: its bundles differ by product, and it is gone after the build)."""
+    if cache is None or cache.reported is None:
         return None
     from .buildcache import open_store
     from .buildcache.frames import StoreFrames
@@ -288,7 +289,8 @@ def _unit_records(cache: BuildCacheSpec | None, targets: list[BuildTarget]):
     from .buildcache import open_store
     from .buildcache.exercises import UnitRecords
 
-    return UnitRecords(open_store(cache) if cache else None)
+    # One build's own store keeps no records: the targets of the build share units without it (UnitRecords.reuse).
+    return UnitRecords(open_store(cache) if cache and cache.reported else None)
 
 
 def device_keys_of(records: tuple[dict, ...], profile: GpuProfile) -> DeviceKeys | None:
