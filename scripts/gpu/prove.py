@@ -54,10 +54,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 CHECKS = ROOT / "scripts" / "gpu" / "checks"
+sys.path.insert(0, str(CHECKS))  # the checks import their siblings by name (checks/common.py)
+from common import NVCC_LOG, nvcc_runs  # noqa: E402 -- found through the path just set
+
 CARRY = ROOT / ".carry"
 VLLM_TREE = CARRY / "vllm-h200.tar.xz"
 FLASHINFER_TREE = CARRY / "fi-site.tar.xz"  # scripts/gpu/prepare_flashinfer_attention_carry.sh
-NVCC_LOG = "KERNELCACHE_PROVE_NVCC_LOG"  # where the nvcc wrapper logs a state's runs
 PRODUCTS = {"H200": "h200", "H100 80GB HBM3": "h100-sxm"}  # a GPU's name -> the profile its bundles are built for
 ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "PYTHONUNBUFFERED": "1"}
 
@@ -212,8 +214,8 @@ def served_env(cache: Path, env: dict) -> dict:
 
 
 def load_check(check: str):
-    """``scripts/gpu/checks/CHECK.py`` as a module (its siblings, checks/common.py, importable)."""
-    sys.path.insert(0, str(CHECKS))
+    """``scripts/gpu/checks/CHECK.py`` as a module (its siblings, checks/common.py, importable: ``CHECKS`` is on the
+    path)."""
     spec = importlib.util.spec_from_file_location(f"kernelcache_check_{check}", CHECKS / f"{check}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -246,14 +248,6 @@ def child(check: str, tasks: list[dict], result: Path) -> dict:
                "triton": __import__("triton").__version__, "digests": digests(outputs)}
     result.write_text(json.dumps(summary, indent=1, default=str))
     return summary
-
-
-def nvcc_runs() -> int:
-    """The nvcc runs the box's wrapper logged for this state (FlashInfer's JIT builds)."""
-    try:
-        return len(Path(os.environ[NVCC_LOG]).read_text().splitlines())
-    except (KeyError, OSError):
-        return 0
 
 
 def digests(outputs: dict) -> dict[str, str]:
@@ -339,7 +333,7 @@ def unpack(archive_path: Path, tree: Path, dry: bool) -> Path:
 
 def nvcc_env(work: Path, dry: bool) -> dict:
     """``CUDA_HOME`` and ``FLASHINFER_NVCC`` (the logging wrapper) when the box has an nvcc; else nothing."""
-    found = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
+    found = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
     home = os.environ.get("CUDA_HOME") or (str(Path(found).resolve().parents[1]) if found else "")
     real = Path(home) / "bin" / "nvcc"
     if not home or not real.exists():

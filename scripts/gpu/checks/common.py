@@ -1,5 +1,6 @@
-"""What the autotuned layers' checks share (scripts/gpu/checks/mamba.py, gdn.py): their steps, counts per kernel,
-the autotune JSON Triton wrote, the error against a reference."""
+"""What the checks share: for the autotuned layers (scripts/gpu/checks/mamba.py, gdn.py) their steps, counts per
+kernel, the autotune JSON Triton wrote, the error against a reference; for every state prove.py runs, the nvcc runs
+its wrapper logged (``nvcc_runs``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import time
 from pathlib import Path
 
+NVCC_LOG = "KERNELCACHE_PROVE_NVCC_LOG"  # where prove.py's nvcc wrapper logs a state's runs
 PROFILE = "profile"  # the engine's profile run (its output is the layer's unwritten buffer: not kept)
 FIRST = 300  # tokens of the first prefill: several chunks, the last partial
 
@@ -20,6 +22,14 @@ def steps(max_seqs: int, max_tokens: int, extra: tuple = ()) -> list[tuple[str, 
             ("decode-1", ((1, first, *extra),)), (f"decode-{decodes}", ((1, first + 1, *extra),) * decodes),
             ("mixed", ((1, 40, *extra),) * min(3, max_seqs - 1) + ((100, 0, *extra),)),
             ("continued", ((1, 50, *extra), (77, 37, *extra))), ("prefill-max", ((max_tokens, 0, *extra),))]
+
+
+def nvcc_runs() -> int:
+    """The nvcc runs prove.py's wrapper logged so far for this process's state (FlashInfer's JIT builds)."""
+    try:
+        return len(Path(os.environ[NVCC_LOG]).read_text().splitlines())
+    except (KeyError, OSError):
+        return 0
 
 
 def count_by_kernel(records: list[dict]) -> dict:

@@ -18,13 +18,10 @@ steps count them. Steps without a sliding window or soft-cap are checked against
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from attention import reference
 from attention import timed_step as attention_step
+from common import nvcc_runs
 
-NVCC_LOG = "KERNELCACHE_PROVE_NVCC_LOG"
 # The layer's KV cache holds max_num_seqs full-length sequences; at a recipe's 131072 tokens that is 137 GB for
 # Llama-3.1-8B. No FlashInfer module's URI depends on the length (head dims, dtypes, page size, window and soft-cap
 # do), so the check runs at most this many tokens per sequence.
@@ -115,11 +112,3 @@ def timed_step(state, batch, index: int, records: list[dict]):
     before = nvcc_runs()
     call, out = attention_step(state, batch, index, records, step)
     return {**call, "nvcc": nvcc_runs() - before}, out
-
-
-def nvcc_runs() -> int:
-    """The nvcc runs prove.py's wrapper logged so far in this process's state."""
-    try:
-        return len(Path(os.environ[NVCC_LOG]).read_text().splitlines())
-    except (KeyError, OSError):
-        return 0
