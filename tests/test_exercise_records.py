@@ -9,6 +9,8 @@ these tests tell that its process did not run.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -195,9 +197,18 @@ def test_one_more_vocab_runs_only_its_own_unit(tmp_path):
                             workdir=tmp_path / "two" / "work", build_cache=cache, **SAMPLER)
     assert ran(tmp_path, "two") == ["sm_90-132sm/2000"]
     assert two.targets[0].build_cache.units.reused == 1
-    plain = kernelcache.build("sm_90", vocabs=[1000, 2000], output_dir=tmp_path / "plain", build_cache=False,
-                              **SAMPLER)
+    plain = kernelcache.build("sm_90", vocabs=[1000, 2000], output_dir=tmp_path / "plain",
+                              workdir=tmp_path / "plain" / "work", build_cache=False, **SAMPLER)
     assert bundle_bytes(two) == bundle_bytes(plain)
+    # The one unit that ran compiled vLLM's warmup from every core; without records two units shared them.
+    cores = os.cpu_count() or 1
+    assert warmup_threads(tmp_path, "two", "2000") == cores
+    assert warmup_threads(tmp_path, "plain", "2000") == max(1, cores // 2)
+
+
+def warmup_threads(tmp_path: Path, name: str, unit: str) -> int:
+    job = json.loads((tmp_path / name / "work" / "sm_90-132sm" / "jobs" / unit / "job.json").read_text())
+    return int(job["env"]["VLLM_TRITON_JIT_WARMUP_NUM_THREADS"])
 
 
 @pytest.mark.slow

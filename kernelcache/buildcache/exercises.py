@@ -346,6 +346,7 @@ class UnitRecords:
         self._owners: dict[str, _Owner] = {}
         self._written: dict[Path, UnitUse] = {}  # job dir of a unit not run here -> the entries it brought
         self._keys: dict[Path, str] = {}  # job dir -> its unit's key (hashing the task modules once per unit)
+        self._records: dict[str, dict[str, bytes] | None] = {}  # key -> the record's files as ``take`` read them
         self._roots: list[str] | None = None
         self._errors: list[str] = []
         self._stopped = False
@@ -366,7 +367,7 @@ class UnitRecords:
         if self.store is None or outside_cache(job):
             return False
         try:
-            files = take(self.store, key)
+            files = self._record(key)
             roots = self._install_roots() + [os.path.dirname(m[0]) for m in task_modules(job).values() if m]
             written = restore(self.store, files, job_dir, Path(job.cache_dir), roots) if files is not None else None
         except Exception as exc:  # noqa: BLE001 -- the store failed: run the unit instead, and say so
@@ -375,6 +376,26 @@ class UnitRecords:
         if written is not None:
             self.ran(job_dir, job, True)
         return self._done(job_dir, written)
+
+    def expects_to_run(self, job_dir: Path, job: Job) -> bool:
+        """Whether no record of the unit is kept (``reuse`` then runs it, unless another target of this build does):
+        the build gives the cores to the units that run (exercise/jobs.py ``_share_cores``)."""
+        if self.store is None or outside_cache(job):
+            return True
+        try:
+            return self._record(self._key(job_dir, job)) is None
+        except Exception:  # noqa: BLE001 -- the store failed: ``reuse`` asks again and reports it
+            return True
+
+    def _record(self, key: str) -> dict[str, bytes] | None:
+        """``take`` once per key and build: ``expects_to_run`` and ``reuse`` read the store once between them."""
+        with self._lock:
+            if key in self._records:
+                return self._records[key]
+        files = take(self.store, key)
+        with self._lock:
+            self._records[key] = files
+        return files
 
     def ran(self, job_dir: Path, job: Job, ok: bool) -> None:
         """The unit of ``job`` is done in ``job_dir``: the units of its key waiting in other targets go on."""

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -82,8 +82,7 @@ class ExerciseRun:
 def _jobs(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: int,
           extra_tasks: tuple[Task, ...], served: bool = False, tune: bool = False,
           variables: dict[str, str] | None = None) -> list[tuple[str, Path, Job]]:
-    threads = str(max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(plan_units(plan))))))
-    env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_TRITON_JIT_WARMUP_NUM_THREADS": threads,
+    env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", WARMUP_THREADS: warmup_threads(len(plan_units(plan)), jobs),
            "TQDM_DISABLE": "1", **reproducible_cc(work),
            **candidates_env(target.capability, target.sm_count, {p.name: p.product for p in target.profiles}),
            **(variables or {})}
@@ -108,6 +107,24 @@ def _jobs(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: i
                                        capability=target.capability, sm_count=target.sm_count, mode=target.mode,
                                        tasks=tasks, env=env, setup=setup, served=served, tune=tune)))
     return out
+
+
+# vLLM's JIT warmup registry compiles its kernels from this many threads (``compile_triton_warmup``: a thread pool
+# under Triton's ``AsyncCompileMode``; Triton's compiler releases the GIL, so threads use more cores).
+WARMUP_THREADS = "VLLM_TRITON_JIT_WARMUP_NUM_THREADS"
+
+
+def warmup_threads(processes: int, jobs: int) -> str:
+    """The cores left to each of ``processes`` exercise processes (at most ``jobs`` at once)."""
+    return str(max(1, (os.cpu_count() or 1) // max(1, min(jobs, processes))))
+
+
+def _share_cores(units: list[tuple[str, Path, Job]], jobs: int, reuse: UnitReuse) -> list[tuple[str, Path, Job]]:
+    """Units that a build-cache record will restore run no process: the cores go to the units that run (one new
+    vocab of a warm build compiles from every core). The thread count is no input of a unit's outputs or key."""
+    running = sum(1 for _, job_dir, job in units if reuse.expects_to_run(job_dir, job))
+    threads = warmup_threads(running, jobs)
+    return [(name, job_dir, replace(job, env={**job.env, WARMUP_THREADS: threads})) for name, job_dir, job in units]
 
 
 _CC_WRAPPER = """#!/bin/sh
@@ -178,6 +195,9 @@ def _worker_env() -> dict[str, str]:
 class UnitReuse(Protocol):
     """What a build may do instead of running a unit (buildcache/exercises.py ``UnitRecords``)."""
 
+    def expects_to_run(self, job_dir: Path, job: Job) -> bool:
+        """Whether the unit will likely run (no record of it is kept); asked before any unit starts."""
+
     def reuse(self, job_dir: Path, job: Job) -> bool:
         """Write the unit's log, result and cache entries into ``job_dir`` and its cache dir; True when it did."""
 
@@ -195,6 +215,8 @@ def exercise(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs
     before each unit runs whether it can write the unit's outputs instead; ``slots``: shared by the targets of one
     build, at most that many exercise processes at once in all of them)."""
     units = _jobs(plan, target, work, cache, jobs, extra_tasks, served, tune, variables)
+    if reuse is not None:
+        units = _share_cores(units, jobs, reuse)
     cache.mkdir(parents=True, exist_ok=True)  # also when the plan has no Triton path (FlashInfer only)
     outcomes = _run_jobs(units, target, jobs, progress, reuse, slots)
     log = ExerciseLog.read(job.compile_log for _, _, job in sorted(units, key=lambda u: str(u[1])))
