@@ -8,10 +8,12 @@ these tests tell that its process did not run.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from helpers.common import ROOT, TESTKERNELS
 
 import kernelcache
 from kernelcache.buildcache import entry as blobs
-from kernelcache.buildcache.exercises import stack_inputs, unit_key
+from kernelcache.buildcache.exercises import KEYS, LOG, RESULT, UnitUse, restore, stack_inputs, unit_key
 from kernelcache.buildcache.store import DirStore
 from kernelcache.exercise.jobs import _jobs
 from kernelcache.plan.recipe import PlanOverrides, load
@@ -140,6 +142,42 @@ def test_a_corrupt_record_runs_its_unit_again_and_is_replaced(reference, tmp_pat
     blobs.unpack(blobs_of(cache, "exercise")[key].read_bytes(), key)  # a whole record again
     build(tmp_path, "third", str(cache))
     assert ran(tmp_path, "third") == []
+
+
+def test_units_restored_at_once_into_one_cache_dir_all_come_back(tmp_path):
+    """A warm build restores its units from threads of one process into the target's one cache dir, and units
+    share kernels: two threads may write one entry at once. Each must still get its whole record back (a failed
+    restore runs the unit again)."""
+    store = DirStore(tmp_path / "store")
+    shared = [_kernel(store, f"shared{i}") for i in range(64)]
+    own = [_kernel(store, f"own{unit}") for unit in range(8)]
+    records = [{LOG: b"", RESULT: b"{}", KEYS: UnitUse(tuple(sorted([*shared, key])), ()).to_json()} for key in own]
+    for attempt in range(5):
+        restored = _restore_at_once(store, records, tmp_path / f"attempt{attempt}")
+        assert all(use is not None for use in restored)
+        cache_dir = tmp_path / f"attempt{attempt}" / "cache"
+        assert sorted(p.name for p in cache_dir.iterdir()) == sorted([*shared, *own])
+        assert not list(cache_dir.rglob("*.tmp"))
+
+
+def _restore_at_once(store: DirStore, records: list[dict], where: Path) -> list:
+    cache_dir = where / "cache"
+    cache_dir.mkdir(parents=True)
+
+    def one(unit: int):
+        return restore(store, records[unit], where / f"job{unit}", cache_dir, [str(where)])
+
+    with ThreadPoolExecutor(max_workers=len(records)) as pool:
+        return list(pool.map(one, range(len(records))))
+
+
+def _kernel(store: DirStore, name: str) -> str:
+    """A kernel entry in ``store`` under a Triton-shaped key made from ``name``; returns the key."""
+    key = base64.b32encode(hashlib.sha256(name.encode()).digest()).decode().rstrip("=")
+    files = {f"{name}.cubin": os.urandom(4096), f"{name}.json": b"{}"}
+    entry, blob = blobs.pack(key, "kernel", f"{name}.json", files)
+    store.put(key, entry.variant, blob)
+    return key
 
 
 WRITES_ASIDE = '''

@@ -302,7 +302,9 @@ def _write_entry(folder: Path, entry, files: dict[str, bytes]) -> None:
 
 
 def _write(path: Path, data: bytes) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write through a temporary name of this thread's own: a build restores its units from several threads into one
+    cache dir, and units share entries, so two threads may write one file at once (the last rename wins, whole)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     temporary.write_bytes(data)
     os.replace(temporary, path)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +56,7 @@ class Journal:
 
 def atomic_write(path: Path, data: bytes) -> None:
     """Write to a temporary name, fsync, and rename into place: ``path`` is old or new, never torn."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # threads of one process too
     try:
         with open(tmp, "wb") as handle:
             handle.write(data)
