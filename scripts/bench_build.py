@@ -56,7 +56,14 @@ def build(args: list[str], out: Path, cache: str | None) -> dict:
             "units_reused": sum((t["build_cache"].get("units") or {}).get("reused", 0) for t in targets),
             "bundles_reused": sum(t["build_cache"].get("bundles", 0) for t in targets),
             "kernels": [b["kernels"] for t in targets for b in t["bundles"]],
-            "bundles": sorted(b["path"] for t in targets for b in t["bundles"])}
+            "bundles": sorted(b["path"] for t in targets for b in t["bundles"]),
+            "cache_errors": cache_errors(targets)}
+
+
+def cache_errors(targets: list[dict]) -> list[str]:
+    """What the build cache reported failing (a store error, an exercise record that could not be restored): a warm
+    build that ran a unit again says why here."""
+    return [problem for t in targets for problem in (t.get("build_cache") or {}).get("errors", ())]
 
 
 # -- scaling (issue 3) ---------------------------------------------------------------------------------
@@ -170,7 +177,8 @@ def cache_scenarios(opts, root: Path) -> tuple[list[dict], list[str]]:
         if "profiles" in wanted:
             found.update(profiles_round(opts, root))
         rounds.append(found)
-        print(json.dumps({k: {f: v.get(f) for f in ("wall_s", "compiles", "reused", "units_reused", "bundles_reused")}
+        print(json.dumps({k: {f: v.get(f) for f in ("wall_s", "compiles", "reused", "units_reused", "bundles_reused",
+                                                    "cache_errors")}
                           for k, v in found.items()}),
               file=sys.stderr, flush=True)
     table = [f"| build | wall (median of {opts.repeat}) | compiles | reused from the build cache | vs. cold |",
