@@ -89,6 +89,20 @@ def _base():
     return kernelcache_tritonkey
 
 
+BUNDLE_DIR, BUNDLE_FILE = "triton-walks", "walks.json"  # a bundle's records: <cache>/triton-walks/<digest>/walks.json
+
+
+def bundle_records(folder: str) -> list[str]:
+    """The walk records installed bundles put in the cache dir whose kept keys are in ``folder`` (``<cache>/
+    .kernelcache/triton-keys``), in order of name."""
+    walks = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(folder))), BUNDLE_DIR)
+    try:
+        names = sorted(os.listdir(walks))
+    except OSError:
+        return []
+    return [os.path.join(walks, name, BUNDLE_FILE) for name in names]
+
+
 def record_path(folder: str, root: str) -> str:
     """``<cache>/.kernelcache/triton-walks/<id>.json`` for the kept keys in ``folder`` (``.../triton-keys``), the id
     of the kept key of the Triton at ``root``. Not in ``folder``: a write there would move its mtime, which the kept
@@ -220,7 +234,8 @@ class Walks:
     def ready(self) -> bool:
         """Triton's types and the record's path, at the first lookup; False (walk, keep nothing) if they fail."""
         try:
-            self.path = record_path(self.folder, _base().triton_root(sys.modules["triton.runtime.cache"]))
+            if self.folder:  # (none: a build's record of its walks, kept by walk_records)
+                self.path = record_path(self.folder, _base().triton_root(sys.modules["triton.runtime.cache"]))
             self.model = Model(self.jit.JITCallable, self.finder_type, self.rules)
         except Exception as exc:  # noqa: BLE001 -- the hook must never cost a lookup more than Triton's own walk
             self.model, self.broken = None, True
@@ -254,17 +269,25 @@ class Walks:
 
     # Replaying.
     def records(self) -> dict:
+        """fn name -> (entry, where it was kept): the bundles' records, then this cache's served processes' (theirs
+        win: the same walks, made where they are replayed), each only when it is for this process's Triton."""
         if self.kept is None:
-            record, key = _read(self.path), _triton_key()
-            ok = record.get("format") == FORMAT and key is not None and record.get("triton_key") == key
-            self.kept = (record.get("functions") or {}) if ok else {}
-            if not ok:
-                _say("kept walks", "none used", f"no record for this Triton in {self.path}")
+            key, self.kept, used = _triton_key(), {}, []
+            for path, origin in [*((p, "the bundle") for p in bundle_records(self.folder)), (self.path, "served")]:
+                record = _read(path)
+                if record.get("format") == FORMAT and key is not None and record.get("triton_key") == key:
+                    functions = record.get("functions")
+                    self.kept.update((name, (entry, origin)) for name, entry in (functions or {}).items())
+                    used.append(f"{len(functions or {})} from {path}")
+                elif record:
+                    _say("kept walks", "refused", f"{path} is for another Triton or malformed")
+            _say("kept walks", "read" if used else "none used",
+                 "; ".join(used) or f"no record for this Triton in {self.path} or the bundles'")
         return self.kept
 
     def replay(self, fn) -> bool:
         """Set ``fn.hash`` and ``fn.used_global_vals`` from its kept walk if every input holds; else set nothing."""
-        entry = self.records().get(fn._fn_name)
+        entry, origin = self.records().get(fn._fn_name, (None, ""))
         if entry is None:
             _say(fn._fn_name, "walked", "no kept walk")
             return False
@@ -283,7 +306,8 @@ class Walks:
             return False
         if outer is not None:
             outer.extend(computed)
-        _say(fn._fn_name, "replayed", f"{len(entry['chains'])} names and {len(entry['callees'])} callees as recorded")
+        _say(fn._fn_name, "replayed", f"{len(entry['chains'])} names and {len(entry['callees'])} callees as "
+             f"recorded by {origin}")
         return True
 
     def mismatch(self, fn, entry: dict) -> str:
@@ -354,9 +378,14 @@ class Walks:
         except Exception as exc:  # noqa: BLE001 -- at exit: nothing kept is all it may cost
             _say("kept walks", "not written", f"{type(exc).__name__}: {exc}")
 
-    def _keep(self) -> None:
-        new = {seen[0]._fn_name: entry for seen in self.walked if (entry := self.entry(*seen)) is not None}
+    def entries(self) -> dict:
+        """What each walk made here read, by function name, as a record keeps it (those that can be told again)."""
+        found = {seen[0]._fn_name: entry for seen in self.walked if (entry := self.entry(*seen)) is not None}
         self.walked = []
+        return found
+
+    def _keep(self) -> None:
+        new = self.entries()
         key = _triton_key()
         if key is None or not new:
             return
@@ -440,6 +469,37 @@ def _say(subject: str, outcome: str, why: str) -> None:
     base = _base()
     if base.debugging():
         base.say(subject if subject == "kept walks" else f"Triton's walk of {subject}", outcome, why)
+
+
+def walk_records(jit_module, functions) -> dict | None:
+    """The record a bundle carries of Triton's walks of ``functions`` (``@jit`` functions a build ran) and of every
+    callee they reach: each walked again here, in order of name, so that the record does not depend on the order
+    the build's threads first walked them in, and kept as ``keep`` keeps a served process's. None for a Triton this
+    replay was not checked against. Call it last: every ``@jit`` function of the process walks again when next
+    looked up."""
+    import gc
+
+    version = getattr(sys.modules.get("triton"), "__version__", "")
+    rules, cache = rules_for(version), sys.modules.get("triton.runtime.cache")
+    if rules is None or cache is None or not hasattr(cache, "triton_key"):
+        return None
+    walks = Walks(jit_module, "", rules)
+    walks.kept = {}  # replays nothing: every function is walked
+    if not walks.ready():
+        return None
+    jit_type, finder = jit_module.JITCallable, jit_module.DependenciesFinder
+    prop = jit_type.__dict__["cache_key"]
+    for fn in gc.get_objects():
+        if isinstance(fn, jit_type) and fn.hash is not None:
+            fn.hash, fn.used_global_vals = None, {}
+    jit_module.DependenciesFinder, jit_type.cache_key = walks.finder_class(), property(walks.cache_key)
+    try:
+        for fn in sorted(functions, key=lambda f: f._fn_name):
+            fn.cache_key  # noqa: B018 -- walks it (and the callees it meets) through the hook
+    finally:
+        jit_module.DependenciesFinder, jit_type.cache_key = finder, prop
+    found = walks.entries()
+    return {"format": FORMAT, "triton_key": cache.triton_key(), "functions": dict(sorted(found.items()))}
 
 
 def seed(jit_module, folder: str) -> None:
