@@ -125,30 +125,29 @@ def _variables(argv) -> dict[str, str]:
 
 def _run(argv: list[str]) -> dict | None:
     """Run ``argv`` once; its entry if it succeeded, wrote nothing to stderr, and its files held meanwhile."""
-    binary, env = None, None
+    run, env, more = list(argv), None, {}
     if file_query(argv):
         found = file_inputs(argv)
         if found is None:
             return None
-        binary, files = found
-        argv, env = [binary, *argv[1:]], dict(os.environ, LC_ALL="C")  # as platform._syscmd_file runs it
+        more["binary"], files = found
+        run, env = [more["binary"], *argv[1:]], dict(os.environ, LC_ALL="C")  # as platform._syscmd_file runs it
     else:
         files = inputs(argv)
-    before = _stats(tuple(files), absent=binary is not None) if files else None
+    absent = bool(more)  # file's magic files may be absent; a tool may not
+    before = _stats(tuple(files), absent) if files else None
     if before is None:
         return None
     import subprocess
 
     try:
-        done = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=60, check=False, env=env)
+        done = subprocess.run(run, capture_output=True, stdin=subprocess.DEVNULL, timeout=60, check=False, env=env)
     except (OSError, subprocess.SubprocessError):
         return None
-    if done.returncode or done.stderr or _stats(tuple(files), absent=binary is not None) != before:
+    if done.returncode or done.stderr or _stats(tuple(files), absent) != before:
         return None
-    entry = {"argv": list(argv), "files": before, "locale": _variables(argv), "stdout": done.stdout.decode("latin-1")}
-    if binary is not None:
-        entry.update(argv=[FILE, *argv[1:]], binary=binary, locale=_variables([FILE, *argv[1:]]))
-    return entry
+    return {"argv": list(argv), "files": before, "locale": _variables(argv), "stdout": done.stdout.decode("latin-1"),
+            **more}
 
 
 def _current(entry: dict | None) -> bool:
