@@ -20,7 +20,7 @@ from helpers import stacks
 from helpers.common import ROOT
 
 from kernelcache.format.archive import iter_members, read_manifest
-from kernelcache.format.manifest import walks_path
+from kernelcache.format.manifest import walks_member, walks_path
 
 pytestmark = pytest.mark.vllm  # the registry path's platform set-up imports vLLM
 
@@ -57,6 +57,18 @@ for name in ("scale_kernel", "plain_kernel"):
     fn = getattr(k, name)
     out[name] = [fn.cache_key, sorted([n, repr(v)] for (n, _), (v, _) in fn.used_global_vals.items())]
 print(json.dumps(out))
+"""
+
+
+# The record walk_records makes at the end of a process that first walked the kernels in the given order.
+RECORD = r"""
+import json, sys
+import triton.runtime.jit as jit
+import kc_walk_kernels as k
+from kernelcache.hooks.kernelcache_walks import walk_records
+fns = [getattr(k, name) for name in sys.argv[1].split(",")]
+keys = [fn.cache_key for fn in fns]
+print(json.dumps({"keys": keys, "record": walk_records(jit, fns)}))
 """
 
 
@@ -160,3 +172,16 @@ def test_a_bundle_without_walk_records_installs_and_serves_as_before(stack, bund
     assert keys == plain(stack, site) and set(said.values()) == {"walked (no kept walk)"}
     assert not (cache / "triton-walks").exists()
     shutil.rmtree(cache)
+
+
+def test_the_record_is_the_same_whatever_order_the_process_first_walked_in(stack, tmp_path):
+    """A build's threads meet the kernels in any order (and Triton 3.6's keys depend on it): the record is made by
+    walking them again in order of name, so it is the same bytes either way."""
+    site, found = module_dir(tmp_path / "site"), []
+    for order in ("scale_kernel,twice,mix,plain_kernel", "mix,twice,scale_kernel,plain_kernel"):
+        done = stack.run("-c", RECORD, order, env={"PYTHONPATH": str(site)})
+        assert done.returncode == 0, done.stderr[-3000:]
+        found.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = found
+    assert first["record"] == second["record"] and walks_member(first["record"]) == walks_member(second["record"])
+    assert set(first["record"]["functions"]) == {f"{MODULE}.{name}" for name in NAMES}
