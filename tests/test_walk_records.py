@@ -154,16 +154,21 @@ def test_a_changed_source_is_walked_after_a_fresh_install(stack, bundle, tmp_pat
     assert said["plain_kernel"].startswith("replayed")
 
 
-def test_a_bundle_without_walk_records_installs_and_serves_as_before(stack, bundle, tmp_path):
-    """An older bundle (no ``walks``): its install and first served process are what they were (Triton walks)."""
+def without_walks(bundle: Path, out: Path) -> Path:
+    """The bundle as a kernelcache from before walk records made it: the same members and manifest, less ``walks``."""
     import dataclasses
 
     from kernelcache.format.archive import write
 
     manifest = read_manifest(bundle)
     members = {name: blob for _, name, blob in iter_members(bundle) if not walks_path(name)}
-    old = write(tmp_path / "old.tar.zst", dataclasses.replace(manifest, walks=None),
-                [(name, lambda blob=blob: blob) for name, blob in members.items()])
+    return write(out, dataclasses.replace(manifest, walks=None),
+                 [(name, lambda blob=blob: blob) for name, blob in members.items()])
+
+
+def test_a_bundle_without_walk_records_installs_and_serves_as_before(stack, bundle, tmp_path):
+    """An older bundle (no ``walks``): its install and first served process are what they were (Triton walks)."""
+    old = without_walks(bundle, tmp_path / "old.tar.zst")
     assert "walks" not in json.loads(read_manifest(old).to_json())
     cache = tmp_path / "fresh"
     install(stack, old, cache)
@@ -185,3 +190,12 @@ def test_the_record_is_the_same_whatever_order_the_process_first_walked_in(stack
     first, second = found
     assert first["record"] == second["record"] and walks_member(first["record"]) == walks_member(second["record"])
     assert set(first["record"]["functions"]) == {f"{MODULE}.{name}" for name in NAMES}
+
+
+def test_a_merge_keeps_the_walk_records_of_either_side(stack, bundle, tmp_path):
+    old = without_walks(bundle, tmp_path / "old.tar.zst")
+    for pair in ((old, bundle), (bundle, old), (bundle, bundle)):
+        merged = tmp_path / "merged.tar.zst"
+        stack.kc("merge", *map(str, pair), "-o", str(merged), check=True)
+        assert read_manifest(merged).walks == read_manifest(bundle).walks
+        merged.unlink()
