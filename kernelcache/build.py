@@ -236,6 +236,7 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
     # A FlashInfer-only plan runs no exercise process: fingerprint this interpreter's Triton instead.
     environment = _environment(run.results) if run.results else local_environment([target.arch])
     identity = _identity(run.results) if run.results else identity_here([target.arch])
+    walks = walks_of(run.results)
     records = run.log.compiles
     found = harvest(work / "cache", compiles=records, keep_ir=keep_ir)
     coverage = coverage_of(records)
@@ -254,7 +255,7 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
         tgt = Target("cuda", target.arch, 32, gpu=profile.name, sm_count=target.sm_count,
                      device_keys=device_keys_of(run.log.device_tables, profile))
         bundles.append(make_bundle(out / name, found.entries, tgt, environment, build_info, flashinfer, identity,
-                                   frames))
+                                   frames, walks))
     ran = run.ran_log() if run.restored else run.log
     compiled = [r for r in ran.compiles if not r.cache_hit]
     return TargetResult(target, tuple(bundles), time.perf_counter() - started,
@@ -324,6 +325,20 @@ def _identity(results: tuple[WorkerResult, ...]) -> TritonIdentity | None:
     seen = {json.dumps(r.triton_identity, sort_keys=True) for r in results}
     only = json.loads(seen.pop()) if len(seen) == 1 else None
     return manifest_identity(only) if only else None
+
+
+def walks_of(results: tuple[WorkerResult, ...]) -> dict | None:
+    """One record of the exercise processes' walks of their ``@jit`` functions (exercise/worker.py ``_walks``), for
+    the bundle: each function as the first process (in plan order) that walked it recorded it, so the same units
+    give the same record. None when no process kept one, or they ran different Tritons."""
+    records = [r.walks for r in results if isinstance(r.walks, dict) and isinstance(r.walks.get("functions"), dict)]
+    if not records or len({(r.get("format"), r.get("triton_key")) for r in records}) != 1:
+        return None
+    functions: dict = {}
+    for record in records:
+        for name, entry in record["functions"].items():
+            functions.setdefault(name, entry)
+    return {**records[0], "functions": dict(sorted(functions.items()))}
 
 
 def _flashinfer_modules(plan: BuildPlan, target: BuildTarget, work: Path,

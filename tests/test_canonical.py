@@ -26,6 +26,7 @@ from kernelcache.bundle.manifest import (
     Module,
     Target,
     TritonIdentity,
+    TritonWalks,
     Tuning,
     _plain,
 )
@@ -43,6 +44,8 @@ def old_data(manifest: Manifest) -> dict:
         del data["target"]["device_keys"]
     if manifest.tuning is None:  # likewise bundles nobody tuned
         del data["tuning"]
+    if manifest.walks is None:  # likewise bundles without walk records
+        del data["walks"]
     for module in data["flashinfer"]:  # likewise FlashInfer modules built without a record of their sources
         if module["sources_sha256"] is None:
             del module["sources"], module["sources_sha256"]
@@ -107,8 +110,11 @@ def manifests() -> list[Manifest]:
     device_keyed = dataclasses.replace(base, target=dataclasses.replace(base.target, device_keys=keys))
     tuned = dataclasses.replace(base, tuning=Tuning("NVIDIA H200", "580.159.04", None, {"max_sm": 1980, "sm": 1755},
                                                     (FileRecord("T" * 52 + "/k.autotune.json", 9, SHA),)))
+    walked = dataclasses.replace(base, walks=TritonWalks((FileRecord("triton-walks/" + SHA[:16] + "/walks.json", 9,
+                                                                    SHA),)))
     return [base, dataclasses.replace(base, triton_identity=identity), Manifest(base.target, base.environment,
-                                                                               base.build), device_keyed, tuned] + [
+                                                                               base.build), device_keyed, tuned,
+            walked] + [
         dataclasses.replace(base, kernels=(k,)) for k in unusual]
 
 

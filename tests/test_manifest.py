@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -14,7 +15,10 @@ from kernelcache.bundle.manifest import (
     Manifest,
     Module,
     Target,
+    TritonWalks,
     arch_to_capability,
+    walks_member,
+    walks_path,
 )
 from kernelcache.errors import BundleManifestError
 
@@ -43,6 +47,16 @@ def test_round_trip_is_exact():
     assert again.to_json() == m.to_json()
 
 
+def test_walk_records_round_trip_and_stay_out_of_bundles_without_them():
+    record = {"format": 1, "triton_key": "3.8.0-k", "functions": {"m.f": {"src": "s"}}}
+    member = walks_member(record)
+    assert member == walks_member(json.loads(json.dumps(record)))  # the same record, the same bytes and name
+    assert walks_path(member.path) and json.loads(member.data) == record
+    walked = dataclasses.replace(sample(), walks=TritonWalks((FileRecord(member.path, len(member.data), SHA),)))
+    assert Manifest.from_json(walked.to_json()) == walked
+    assert member.path in walked.file_map() and "walks" not in json.loads(sample().to_json())
+
+
 def test_non_finite_constexpr_becomes_a_string():
     m = sample()
     data = json.loads(m.to_json())
@@ -59,6 +73,9 @@ def test_non_finite_constexpr_becomes_a_string():
     (lambda d: d["kernels"][0]["files"][0].update(size="10"), "size"),
     (lambda d: d["target"].update(colour="red"), "unknown Target field"),
     (lambda d: d.update(signature="trust me"), "unknown top-level field"),
+    (lambda d: d.update(walks={"files": [{"path": "K" * 52 + "/walks.json", "size": 2, "sha256": SHA}]}),
+     "not triton-walks/<16 hex digits>/walks.json"),  # a walk record may not land in a kernel's dir
+    (lambda d: d.update(walks={"files": []}), "walks lists no file"),
 ])
 def test_bad_manifests_are_refused_with_one_line(mutate, message):
     data = json.loads(sample().to_json())

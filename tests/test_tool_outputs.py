@@ -1,15 +1,19 @@
-"""A served process takes what ``ptxas --version`` and ``ldconfig -p`` print from the install's record, only while
-the files that decide it are the recorded ones (runtime/site/kernelcache_outputs.py).
+"""A served process takes what ``ptxas --version``, ``ldconfig -p`` and ``file -b <interpreter>`` print from the
+install's record, only while the files that decide it are the recorded ones (hooks/kernelcache_outputs.py).
 
-Triton runs those commands in every process before its first compile or cache lookup. The unit tests use a real
-executable named ``ptxas`` in a temp dir (a shell script, so a test can rewrite it); the served tests use the
-lab venv's real Triton, its real ptxas and this machine's ldconfig.
+Triton runs those commands in every process before its first compile or cache lookup (``file`` through CPython's
+``platform.architecture()``, which Triton's ``platform_key()`` calls). The unit tests use a real executable named
+``ptxas`` in a temp dir (a shell script, so a test can rewrite it) and this machine's real ``file`` on a copy of a
+real ELF binary; the served tests use the lab venv's real Triton, its real ptxas, this machine's ldconfig and
+``file``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -111,13 +115,77 @@ def test_keep_reruns_only_what_changed_and_never_keeps_a_failure_or_stderr(tmp_p
     assert sorted(seen) == sorted(commands[1:3])  # the kept one holds; the others are tried again
 
 
+def file_target(folder: Path) -> tuple[Path, list[str]]:
+    """A real ELF binary of our own (a copy of ``true``, so a test may rewrite it) and ``file``'s question about it."""
+    target = folder / "true-copy"
+    shutil.copy2(shutil.which("true"), target)
+    return target, [ko.FILE, "-b", str(target)]
+
+
+needs_file = pytest.mark.skipif(shutil.which("file") is None, reason="no `file` on PATH")
+
+
+@pytest.mark.fast
+@needs_file
+def test_files_answer_is_kept_and_platform_gets_it_without_running_file(tmp_path, monkeypatch):
+    target, argv = file_target(tmp_path)
+    folder = str(tmp_path / "keys")
+    with Spawns() as seen:
+        ko.keep(folder, [argv])
+    assert [c[1:] for c in seen] == [["--version"], ["-b", str(target)]]  # where its magic is, then the question
+    [entry] = ko.load(folder).values()
+    assert entry["binary"] == os.path.realpath(shutil.which("file")) and str(target) in entry["files"]
+    assert any(path.endswith(".mgc") for path in entry["files"])  # its magic database, compiled or not
+    real = platform._syscmd_file(str(target))
+    assert real.startswith("ELF")
+    monkeypatch.setattr(platform, "_syscmd_file", platform._syscmd_file)  # undone after the test
+    ko.seed_platform(None, folder)
+    with Spawns() as seen:
+        assert platform._syscmd_file(str(target)) == real
+        assert platform.architecture(str(target)) == ("64bit", "ELF")
+    assert seen == []
+    with Spawns() as seen:  # a question nobody kept: asked as platform asks it
+        assert platform._syscmd_file(shutil.which("true")) == real
+    assert seen == [["file", "-b", os.path.realpath(shutil.which("true"))]]
+
+
+@pytest.mark.fast
+@needs_file
+@pytest.mark.parametrize("change", ["rewrite the target", "another file first on PATH", "MAGIC set",
+                                    "a magic file appears"])
+def test_any_change_asks_file_again(tmp_path, monkeypatch, change):
+    target, argv = file_target(tmp_path)
+    folder = str(tmp_path / "keys")
+    ko.keep(folder, [argv])
+    [entry] = ko.load(folder).values()
+    if change == "rewrite the target":  # same size, other bytes, the old mtime: only ctime tells
+        st = target.stat()
+        target.write_bytes(b"#!/bin/sh\n".ljust(st.st_size, b"#"))
+        os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    elif change == "another file first on PATH":
+        tool(tmp_path, "a shell script", name="file")
+        monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    elif change == "MAGIC set":
+        monkeypatch.setenv("MAGIC", "/usr/share/misc/magic")
+    else:
+        absent = [path for path, stat in entry["files"].items() if stat is None]
+        assert absent  # libmagic reads <name>.mgc, else <name>: one of each pair is absent here
+        monkeypatch.setitem(entry["files"], absent[0], [1, 2, 3])  # as if it had been there when kept
+        Path(folder, ko.RECORD).write_text(json.dumps({"outputs": [entry]}))
+    with Spawns() as seen:
+        assert ko.KeptOutputs(folder).kept_file(str(target)) is None
+    assert seen == []  # refused: platform then asks file itself
+
+
 PROBE = r"""
 import json, sys
 spawned = []
 sys.addaudithook(lambda e, a: spawned.append([str(x) for x in a[1]]) if e == "subprocess.Popen" else None)
 from triton import knobs
 from triton.backends.nvidia import compiler, driver
-out = {"release": knobs.nvidia.ptxas.version, "text": compiler.get_ptxas_version(90)}
+import platform, triton.runtime.build as build
+out = {"release": knobs.nvidia.ptxas.version, "text": compiler.get_ptxas_version(90),
+       "platform_key": build.platform_key()}
 try:
     out["libcuda_dirs"] = driver.libcuda_dirs()
 except AssertionError as exc:  # no GPU driver here: Triton's own message, after reading ldconfig -p
@@ -143,6 +211,9 @@ def test_a_served_process_runs_no_tool_query_and_sees_what_triton_would(bundle90
     plain, seeded = probe(), served(cache)
     assert any(cmd[-1] == "--version" for cmd in plain["spawned"])  # the real process runs them: what is seen is real
     assert ["/sbin/ldconfig", "-p"] in plain["spawned"]
+    if shutil.which("file"):
+        assert ["file", "-b", platform._follow_symlinks(sys.executable)] in plain["spawned"]
+        assert plain["platform_key"].endswith(",64bit,ELF")
     assert seeded == {**plain, "spawned": []}
 
 
@@ -158,7 +229,8 @@ def test_a_record_whose_files_no_longer_hold_is_not_used(bundle90, tmp_path):
     assert served(cache)["release"] == "99.9"
     for entry in data["outputs"]:
         for stat in entry["files"].values():
-            stat[2] += 1  # what an upgrade in place looks like: the files' ctimes move
+            if stat is not None:  # (a magic file file's record names as absent)
+                stat[2] += 1  # what an upgrade in place looks like: the files' ctimes move
     record.write_text(json.dumps(data))
     seeded, plain = served(cache), probe()
     assert seeded == plain and seeded["release"] != "99.9"

@@ -25,7 +25,17 @@ from pathlib import Path
 
 from ..errors import MergeConflict, UsageError
 from ..format.archive import bundle_digest, extract, read_manifest, source_date_epoch, write
-from ..format.manifest import AUTOTUNE_SUFFIX, Build, Environment, FlashInferModule, Kernel, Manifest, Module, Tuning
+from ..format.manifest import (
+    AUTOTUNE_SUFFIX,
+    Build,
+    Environment,
+    FlashInferModule,
+    Kernel,
+    Manifest,
+    Module,
+    TritonWalks,
+    Tuning,
+)
 from ..version import __version__
 
 # Environment fields that pick cache keys or kernel sources; torch is recorded but in no key.
@@ -299,8 +309,14 @@ def merge_manifests(a: Manifest, b: Manifest) -> tuple[Manifest, list[str]]:
     identity = a.triton_identity if a.triton_identity == b.triton_identity else None  # else neither speaks for both
     merged = Manifest(target=a.target, environment=a.environment, build=build, kernels=kernels,
                       modules=modules, flashinfer=flashinfer, triton_identity=identity,
-                      tuning=_merged_tuning(a.tuning, b.tuning))
+                      tuning=_merged_tuning(a.tuning, b.tuning), walks=_merged_walks(a.walks, b.walks))
     return merged, warnings
+
+
+def _merged_walks(a: TritonWalks | None, b: TritonWalks | None) -> TritonWalks | None:
+    """The walk records of both sides: each names its file by its digest, and a served process reads them all."""
+    files = {f.path: f for side in (a, b) if side is not None for f in side.files}
+    return TritonWalks(tuple(files[path] for path in sorted(files))) if files else None
 
 
 def _merged_tuning(a: Tuning | None, b: Tuning | None) -> Tuning | None:

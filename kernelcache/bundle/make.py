@@ -21,8 +21,10 @@ from ..format.manifest import (
     Manifest,
     Target,
     TritonIdentity,
+    TritonWalks,
     capability_to_arch,
     flag_capability,
+    walks_member,
 )
 from ..harvest import Entry, Harvest, harvest, to_manifest_entries
 from ..version import __version__
@@ -48,10 +50,12 @@ class PackResult:
 
 def make_bundle(output: str | os.PathLike, entries: list[Entry], target: Target, environment: Environment,
                 build: Build, flashinfer: tuple[tuple[FlashInferModule, list], ...] = (),
-                triton_identity: TritonIdentity | None = None, frames: Frames | None = None) -> PackResult:
+                triton_identity: TritonIdentity | None = None, frames: Frames | None = None,
+                walks: dict | None = None) -> PackResult:
     """Hash every member, write the manifest and the bundle. ``flashinfer``: (module, members) pairs;
     ``triton_identity``: the Triton that compiled the entries, by content (format/identity.py); ``frames``: where
-    compressed bundles are kept (buildcache/frames.py)."""
+    compressed bundles are kept (buildcache/frames.py); ``walks``: the record of Triton's dependency walks of the
+    build's ``@jit`` functions (hooks/kernelcache_walks.py ``walk_records``)."""
     readers, records = {}, {}
     for entry in entries:
         records[entry.key] = [_record(m.path, m.read(), readers, m) for m in entry.members]
@@ -60,8 +64,13 @@ def make_bundle(output: str | os.PathLike, entries: list[Entry], target: Target,
     for module, members in flashinfer:
         files = tuple(_record(m.path, m.read(), readers, m) for m in members)
         fi_modules.append(FlashInferModule(**{**module.__dict__, "files": files}))
+    walked = None
+    if walks and walks.get("functions"):
+        member = walks_member(walks)
+        walked = TritonWalks((_record(member.path, member.read(), readers, member),))
     manifest = Manifest(target=target, environment=environment, build=build, kernels=tuple(kernels),
-                        modules=tuple(modules), flashinfer=tuple(fi_modules), triton_identity=triton_identity)
+                        modules=tuple(modules), flashinfer=tuple(fi_modules), triton_identity=triton_identity,
+                        walks=walked)
     path = write(output, manifest, readers.items(), frames=frames)
     return PackResult(path, manifest, build.skipped)
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from ..errors import StorageError
 from ..hooks.kernelcache_autotune import SUFFIX as AUTOTUNE_SUFFIX
 from ..hooks.kernelcache_prebuilt import SOURCE_SUFFIX
+from ..hooks.kernelcache_walks import BUNDLE_FILE as WALKS_FILE
 from .layout import SWEPT, unfinished
 from .state import REMOVAL_SUFFIX, CacheDir, Receipt
 
@@ -74,14 +75,15 @@ def write_receipt(cache: CacheDir, receipt: Receipt) -> None:
 
 def complete_entry(entry: Path) -> bool:
     """A Triton entry with a readable group file whose children all exist, a module dir (its ``.so`` files and
-    the record of the source they were built from), or an autotune choice (Triton writes its one file with
-    ``os.replace``: one already there, the cache dir's own, is left alone)."""
+    the record of the source they were built from), an autotune choice (Triton writes its one file with
+    ``os.replace``: one already there, the cache dir's own, is left alone), or a bundle's walk record (its dir is
+    named by its digest: one there is the same)."""
     if not entry.is_dir():
         return False
     groups = list(entry.glob("__grp__*.json"))
     if not groups:
         files = [p for p in entry.iterdir() if p.is_file()]
-        if files and all(p.name.endswith(AUTOTUNE_SUFFIX) for p in files):
+        if files and (all(p.name.endswith(AUTOTUNE_SUFFIX) for p in files) or [p.name for p in files] == [WALKS_FILE]):
             return True
         built = [p for p in files if p.suffix == ".so"]
         return bool(built) and all(p in built or p.name.endswith(SOURCE_SUFFIX) for p in files)

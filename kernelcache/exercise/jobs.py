@@ -51,6 +51,7 @@ class WorkerResult:
     seconds: float = 0.0
     environment: Environment | None = None  # the fingerprint it compiled under (None: Triton unusable)
     triton_identity: dict | None = None  # its Triton by content (format/identity.py), None if it has none
+    walks: dict | None = None  # Triton's walks of the @jit functions it ran (hooks/kernelcache_walks.py walk_records)
 
     @classmethod
     def read(cls, path: Path) -> WorkerResult:
@@ -60,7 +61,7 @@ class WorkerResult:
         env = data.get("environment")
         return cls(bool(data.get("ok")), tasks, int(data.get("launchers_initialised") or 0),
                    float(data.get("seconds") or 0.0), Environment(**env) if env else None,
-                   data.get("triton_identity"))
+                   data.get("triton_identity"), data.get("walks"))
 
 
 @dataclass(frozen=True)

@@ -88,13 +88,15 @@ def main(path: str) -> int:
             results.append({"label": f"{task.label or task.call} (launchers)", "ok": False,
                             "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
             failed = True
-    return _finish(path, results, launchers, started, failed, job.capability)
+    walks = _walks(functions) if not (failed or job.served) else None  # verify's processes carry none
+    return _finish(path, results, launchers, started, failed, job.capability, walks)
 
 
-def _finish(path: str, results: list, launchers: int, started: float, failed: bool, capability: int = 0) -> int:
+def _finish(path: str, results: list, launchers: int, started: float, failed: bool, capability: int = 0,
+            walks: dict | None = None) -> int:
     outcome = {"ok": not failed, "tasks": results, "launchers_initialised": launchers,
                "seconds": time.perf_counter() - started, "environment": _environment(capability),
-               "triton_identity": _identity(capability)}
+               "triton_identity": _identity(capability), "walks": walks}
     with open(path + ".result", "w", encoding="utf-8") as handle:
         json.dump(outcome, handle, indent=1, default=str)
     return 0 if not failed else 1
@@ -111,6 +113,21 @@ def _between_tasks(job: Job, functions: set) -> int:
     for fn in functions:
         fn.device_caches.clear()
     return count
+
+
+def _walks(functions: set) -> dict | None:
+    """The record of Triton's dependency walks of the kernels this process ran and their callees, which the bundle
+    carries for served processes to replay (hooks/kernelcache_walks.py); None where this Triton's walk is not one
+    the replay supports."""
+    import triton.runtime.jit as jit
+
+    from ..hooks import kernelcache_walks
+
+    try:
+        return kernelcache_walks.walk_records(jit, functions)
+    except Exception as exc:  # noqa: BLE001 -- a walk Triton itself refuses now: the bundle carries no record
+        print(f"kernelcache: no walk records: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
 
 
 def _served_helpers(cache_dir: str) -> None:

@@ -3,8 +3,9 @@
 A manifest pins everything a Triton cache key depends on (``Environment``), names the target
 (``Target``), and lists every file of the bundle with its size and sha256, grouped by what it is:
 a compiled kernel (``Kernel``), a C helper module Triton builds with gcc (``Module``: launchers and
-``cuda_utils``), a FlashInfer JIT module (``FlashInferModule``), or an autotune choice ``kernelcache tune``
-timed on a GPU (``Tuning``). docs/FORMAT.md is the reference.
+``cuda_utils``), a FlashInfer JIT module (``FlashInferModule``), an autotune choice ``kernelcache tune``
+timed on a GPU (``Tuning``), or the record of Triton's dependency walks of the build's ``@jit`` functions
+(``TritonWalks``). docs/FORMAT.md is the reference.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 from ..errors import BundleManifestError, UsageError
 from ..hooks.kernelcache_autotune import SUFFIX as AUTOTUNE_SUFFIX
 from ..hooks.kernelcache_listener import json_value  # the compile log's hook writes constexprs with it
+from ..hooks.kernelcache_walks import BUNDLE_DIR as WALKS_DIR
+from ..hooks.kernelcache_walks import BUNDLE_FILE as WALKS_FILE
 from . import canonical, keep_old_name
 
 FORMAT_VERSION = 1
@@ -28,6 +31,7 @@ MANIFEST_NAME = "manifest.json"
 # Build paths whose kernels vLLM configures by the GPU's device name (exercise/device_tables.py records the tables).
 DEVICE_NAME_PATHS = ("moe", "mamba")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX16 = re.compile(r"[0-9a-f]{16}")
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,30 @@ class Tuning:
 
 
 @dataclass(frozen=True)
+class TritonWalks:
+    """Records of Triton's dependency walks of the build's ``@jit`` functions (the manifest's ``walks``): each file
+    ``triton-walks/<sha256 prefix>/walks.json`` is installed into the cache dir, where served processes replay a walk
+    instead of making it while everything the record read still holds (hooks/kernelcache_walks.py). Nothing in one
+    names a path: functions by module and name, sources by sha256, Triton by its ``triton_key()``."""
+
+    files: tuple[FileRecord, ...]
+
+
+def walks_member(record: dict) -> Member:
+    """A build's walk record as its bundle member: canonical JSON, named by its digest (bundles that carry the same
+    record share one entry dir of the cache)."""
+    data = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+    return Member(f"{WALKS_DIR}/{hashlib.sha256(data).hexdigest()[:16]}/{WALKS_FILE}", data=data)
+
+
+def walks_path(path: str) -> bool:
+    """Whether ``path`` is where a walk record lives: ``triton-walks/<16 hex digits>/walks.json``."""
+    parts = path.split("/")
+    return len(parts) == 3 and parts[0] == WALKS_DIR and _HEX16.fullmatch(parts[1]) is not None and (
+        parts[2] == WALKS_FILE)
+
+
+@dataclass(frozen=True)
 class Manifest:
     target: Target
     environment: Environment
@@ -208,12 +236,15 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     triton_identity: TritonIdentity | None = None  # format/identity.py; left out of the JSON when None
     tuning: Tuning | None = None  # autotune choices (kernelcache tune); left out of the JSON when None
+    walks: TritonWalks | None = None  # Triton's walks of the build's @jit functions; left out of the JSON when None
 
     def files(self, choices: bool = True) -> Iterator[FileRecord]:
         """Every member (``choices``: the autotune files too; an install that skips them publishes the rest)."""
         for group in (self.kernels, self.modules, self.flashinfer):
             for item in group:
                 yield from item.files
+        if self.walks is not None:
+            yield from self.walks.files
         if choices and self.tuning is not None:
             yield from self.tuning.files
 
@@ -254,6 +285,8 @@ class Manifest:
             del data["target"]["device_keys"]
         if self.tuning is None:  # likewise: bundles nobody tuned
             del data["tuning"]
+        if self.walks is None:  # likewise: bundles without walk records
+            del data["walks"]
         for module in data.get("flashinfer", ()):  # likewise: modules built without a record of their sources
             if module.get("sources_sha256") is None:
                 del module["sources"], module["sources_sha256"]
@@ -292,6 +325,7 @@ class Manifest:
                 flashinfer=tuple(flashinfer_module(m) for m in data.get("flashinfer", ())),
                 triton_identity=identity_record(data.get("triton_identity")),
                 tuning=tuning_record(data.get("tuning")),
+                walks=walks_record(data.get("walks")),
             ))
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleManifestError(f"manifest.json is malformed: {type(exc).__name__}: {exc}") from None
@@ -379,6 +413,18 @@ def tuning_record(data: Any) -> Tuning | None:
     if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in tuning.clocks.items()):
         raise ValueError("tuning.clocks must map names to whole MHz")
     return tuning
+
+
+def walks_record(data: Any) -> TritonWalks | None:
+    """A manifest's ``walks`` from its JSON form (None stays None)."""
+    if data is None:
+        return None
+    walks = _build(TritonWalks, data, files=_records)
+    wrong = [f.path for f in walks.files if not walks_path(f.path)]
+    if wrong or not walks.files:
+        raise ValueError(f"walks lists {wrong[0]!r}, not {WALKS_DIR}/<16 hex digits>/{WALKS_FILE}" if wrong
+                         else "walks lists no file")
+    return walks
 
 
 def _records(items: Any) -> tuple[FileRecord, ...]:

@@ -272,12 +272,13 @@ JIT_MODULE = "triton.runtime.jit"
 
 def seed_on_import(folder: str) -> None:
     """Seed this process from ``folder``: ``triton.runtime.cache``'s key, the kept tool outputs of Triton's
-    modules (kernelcache_outputs), the helper modules its gcc step would build (kernelcache_prebuilt) and the
-    kept dependency walks of its ``@jit`` functions (kernelcache_walks); each module now if it is imported, else
-    when it is."""
+    modules and ``file``'s answer to ``platform.architecture()`` (kernelcache_outputs), the helper modules its gcc
+    step would build (kernelcache_prebuilt) and the kept dependency walks of its ``@jit`` functions
+    (kernelcache_walks); each module now if it is imported, else when it is."""
     outputs, prebuilt = _site_module("kernelcache_outputs"), _site_module("kernelcache_prebuilt")
     hooks = [(CACHE_MODULE, functools.partial(seed, folder=folder), "triton_key")]
     hooks += [(name, functools.partial(outputs.seed, folder=folder), "outputs") for name in outputs.MODULES]
+    hooks += [(outputs.BUILD_MODULE, functools.partial(outputs.seed_platform, folder=folder), "file")]
     hooks += [(prebuilt.MODULE, functools.partial(prebuilt.seed, folder=folder), "prebuilt")]
     if os.environ.get("KERNELCACHE_REPLAY_WALKS", "1") != "0":  # kernelcache_walks.OFF_ENV
         hooks += [(JIT_MODULE, functools.partial(_site_module("kernelcache_walks").seed, folder=folder), "walks")]

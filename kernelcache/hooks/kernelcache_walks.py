@@ -27,9 +27,9 @@ walk does with the callees, in the recorded order: merges each one's ``used_glob
 digest is the recorded one; ``used_global_vals`` holds the live values and dicts (launches check them as always)
 and the key is computed from them as ``cache_key`` computes it. On any difference nothing is set: every function
 whose key the attempt computed is reset, and Triton walks as it would have. Only Triton versions whose walk this
-model was checked against replay (``VERIFIED``; tests/test_walk_replay.py compares replayed keys and globals with
-Triton's own over vLLM's sampler kernels). ``KERNELCACHE_REPLAY_WALKS=0`` turns it off. Standard library only
-(and the Triton it hooks).
+model was checked against replay (``VERIFIED``, with the few ``Rules`` in which their walks differ: 3.6 and 3.8;
+tests/test_walk_replay.py compares replayed keys and globals with Triton's own over vLLM's sampler kernels on each
+stack). ``KERNELCACHE_REPLAY_WALKS=0`` turns it off. Standard library only (and the Triton it hooks).
 """
 
 from __future__ import annotations
@@ -40,9 +40,41 @@ import sys
 import threading
 
 OFF_ENV = "KERNELCACHE_REPLAY_WALKS"  # "0": walk as Triton does, keep nothing
-VERIFIED = ("3.6.",)  # Triton versions whose DependenciesFinder reads only what is recorded here
 FORMAT = 1
 _PLAIN = (bool, int, float, str)
+
+
+class Rules:
+    """Where one Triton's walk differs from the others', as a replay must follow it (all else is the same walk):
+
+    * ``callee_key_first``: ``DependenciesFinder._update_hash`` takes the callee's ``cache_key`` (walking it first
+      if needed) before merging its ``used_global_vals`` (3.8), or merges them as they are when the walk meets the
+      callee and takes its key after (3.6: a callee not walked yet brings no globals);
+    * ``missing_attribute_is_none``: ``DependenciesFinder.visit_Attribute`` reads ``getattr(lhs, attr, None)``, so a
+      missing attribute ends the chain as None (3.8), or ``getattr(lhs, attr)``, which raises (3.6: nothing to
+      replay);
+    * ``sorted_constexprs``: ``JITCallable.cache_key`` hashes the ``constexpr`` globals sorted by (name, repr)
+      (3.8), or in the order of ``used_global_vals`` (3.6)."""
+
+    __slots__ = ("callee_key_first", "missing_attribute_is_none", "sorted_constexprs")
+
+    def __init__(self, callee_key_first: bool, missing_attribute_is_none: bool, sorted_constexprs: bool):
+        self.callee_key_first = callee_key_first
+        self.missing_attribute_is_none = missing_attribute_is_none
+        self.sorted_constexprs = sorted_constexprs
+
+
+# The Tritons whose walk was checked against this model (tests/test_walk_replay.py, on each stack): a version is added
+# with its rules once the conformance test passes on it; any other Triton walks as it always does.
+VERIFIED = {
+    "3.6.": Rules(callee_key_first=False, missing_attribute_is_none=False, sorted_constexprs=False),
+    "3.8.": Rules(callee_key_first=True, missing_attribute_is_none=True, sorted_constexprs=True),
+}
+
+
+def rules_for(version: str) -> Rules | None:
+    """The rules of Triton ``version`` ("3.8.0"), or None when its walk was never checked here."""
+    return next((rules for prefix, rules in VERIFIED.items() if version.startswith(prefix)), None)
 
 
 def enabled() -> bool:
@@ -55,6 +87,20 @@ def _base():
     except ImportError:
         import kernelcache_tritonkey  # imported from the served site dir
     return kernelcache_tritonkey
+
+
+BUNDLE_DIR, BUNDLE_FILE = "triton-walks", "walks.json"  # a bundle's records: <cache>/triton-walks/<digest>/walks.json
+
+
+def bundle_records(folder: str) -> list[str]:
+    """The walk records installed bundles put in the cache dir whose kept keys are in ``folder`` (``<cache>/
+    .kernelcache/triton-keys``), in order of name."""
+    walks = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(folder))), BUNDLE_DIR)
+    try:
+        names = sorted(os.listdir(walks))
+    except OSError:
+        return []
+    return [os.path.join(walks, name, BUNDLE_FILE) for name in names]
 
 
 def record_path(folder: str, root: str) -> str:
@@ -72,10 +118,10 @@ class Model:
     """What the walk of this Triton can tell apart: its ``@jit`` and ``constexpr`` types, the modules it does not
     enter."""
 
-    def __init__(self, jit_type, finder_type):
+    def __init__(self, jit_type, finder_type, rules: Rules):
         import importlib
 
-        self.jit_type = jit_type
+        self.jit_type, self.rules = jit_type, rules
         self.constexpr_type = importlib.import_module("triton.language.core").constexpr  # the Triton hooked
         self.supported = frozenset(getattr(finder_type("", {}, {}, ""), "supported_modules", ()))
 
@@ -110,7 +156,7 @@ class Model:
             try:
                 if value is None or getattr(value, "__name__", "") in self.supported:
                     break
-                value = getattr(value, attr)
+                value = getattr(value, attr, None) if self.rules.missing_attribute_is_none else getattr(value, attr)
             except Exception:  # noqa: BLE001 -- the walk would have raised: nothing to replay
                 return [None], []
             found.append(self.describe(value))
@@ -149,11 +195,12 @@ def chains(tree) -> list[list[str]]:
     return [list(chain) for chain in found]
 
 
-def key_from(ret: str, line: int, used: dict, constexpr_type) -> str:
+def key_from(ret: str, line: int, used: dict, model: Model) -> str:
     """The end of ``JITCallable.cache_key``: the walk's digest, the first line, the ``constexpr`` globals."""
-    text = ret + str(line)
-    text += str([(name, val) for (name, _), (val, _) in used.items() if isinstance(val, constexpr_type)])
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    constexprs = [(name, val) for (name, _), (val, _) in used.items() if isinstance(val, model.constexpr_type)]
+    if model.rules.sorted_constexprs:
+        constexprs.sort(key=lambda item: (item[0], repr(item[1])))
+    return hashlib.sha256((ret + str(line) + str(constexprs)).encode("utf-8")).hexdigest()
 
 
 # -- the hook ----------------------------------------------------------------------------------------
@@ -162,8 +209,8 @@ def key_from(ret: str, line: int, used: dict, constexpr_type) -> str:
 class Walks:
     """``JITCallable.cache_key`` of one process: replays kept walks, keeps the walks it makes (at exit)."""
 
-    def __init__(self, jit_module, folder: str):
-        self.jit, self.folder = jit_module, folder
+    def __init__(self, jit_module, folder: str, rules: Rules):
+        self.jit, self.folder, self.rules = jit_module, folder, rules
         self.original = jit_module.JITCallable.__dict__["cache_key"].fget
         self.finder_type = jit_module.DependenciesFinder  # Triton's own, before ``finder_class`` replaces it
         self.model: Model | None = None  # at the first lookup: Triton is imported by then
@@ -187,8 +234,9 @@ class Walks:
     def ready(self) -> bool:
         """Triton's types and the record's path, at the first lookup; False (walk, keep nothing) if they fail."""
         try:
-            self.path = record_path(self.folder, _base().triton_root(sys.modules["triton.runtime.cache"]))
-            self.model = Model(self.jit.JITCallable, self.finder_type)
+            if self.folder:  # (none: a build's record of its walks, kept by walk_records)
+                self.path = record_path(self.folder, _base().triton_root(sys.modules["triton.runtime.cache"]))
+            self.model = Model(self.jit.JITCallable, self.finder_type, self.rules)
         except Exception as exc:  # noqa: BLE001 -- the hook must never cost a lookup more than Triton's own walk
             self.model, self.broken = None, True
             _say("every function", "walked", f"{type(exc).__name__}: {exc}")
@@ -221,17 +269,25 @@ class Walks:
 
     # Replaying.
     def records(self) -> dict:
+        """fn name -> (entry, where it was kept): the bundles' records, then this cache's served processes' (theirs
+        win: the same walks, made where they are replayed), each only when it is for this process's Triton."""
         if self.kept is None:
-            record, key = _read(self.path), _triton_key()
-            ok = record.get("format") == FORMAT and key is not None and record.get("triton_key") == key
-            self.kept = (record.get("functions") or {}) if ok else {}
-            if not ok:
-                _say("kept walks", "none used", f"no record for this Triton in {self.path}")
+            key, self.kept, used = _triton_key(), {}, []
+            for path, origin in [*((p, "the bundle") for p in bundle_records(self.folder)), (self.path, "served")]:
+                record = _read(path)
+                if record.get("format") == FORMAT and key is not None and record.get("triton_key") == key:
+                    functions = record.get("functions")
+                    self.kept.update((name, (entry, origin)) for name, entry in (functions or {}).items())
+                    used.append(f"{len(functions or {})} from {path}")
+                elif record:
+                    _say("kept walks", "refused", f"{path} is for another Triton or malformed")
+            _say("kept walks", "read" if used else "none used",
+                 "; ".join(used) or f"no record for this Triton in {self.path} or the bundles'")
         return self.kept
 
     def replay(self, fn) -> bool:
         """Set ``fn.hash`` and ``fn.used_global_vals`` from its kept walk if every input holds; else set nothing."""
-        entry = self.records().get(fn._fn_name)
+        entry, origin = self.records().get(fn._fn_name, (None, ""))
         if entry is None:
             _say(fn._fn_name, "walked", "no kept walk")
             return False
@@ -250,7 +306,8 @@ class Walks:
             return False
         if outer is not None:
             outer.extend(computed)
-        _say(fn._fn_name, "replayed", f"{len(entry['chains'])} names and {len(entry['callees'])} callees as recorded")
+        _say(fn._fn_name, "replayed", f"{len(entry['chains'])} names and {len(entry['callees'])} callees as "
+             f"recorded by {origin}")
         return True
 
     def mismatch(self, fn, entry: dict) -> str:
@@ -277,13 +334,13 @@ class Walks:
         fn.hash = f"recursion:{fn._fn_name}"  # as the walk marks the function it is in
         try:
             for name, key in entry["callees"]:
-                why = _merge(used, callees[name])
-                if why or callees[name].cache_key != key:
-                    return why or f"the callee {name} has another key"
+                why = _met(used, callees[name], key, model.rules.callee_key_first)
+                if why:
+                    return why
         finally:
             fn.hash = None
         fn.used_global_vals = dict(sorted(used.items()))
-        fn.hash = key_from(entry["ret"], fn.starting_line_number, fn.used_global_vals, model.constexpr_type)
+        fn.hash = key_from(entry["ret"], fn.starting_line_number, fn.used_global_vals, model)
         return ""
 
     # Keeping.
@@ -295,7 +352,7 @@ class Walks:
             return None
         if hashlib.sha256(fn.src.encode("utf-8")).hexdigest() != source:
             return None
-        if key_from(ret, fn.starting_line_number, fn.used_global_vals, model.constexpr_type) != fn.hash:
+        if key_from(ret, fn.starting_line_number, fn.used_global_vals, model) != fn.hash:
             return None
         scope, found, jit = fn.__globals__, [], {}
         for chain in chains(fn.parse()):
@@ -321,9 +378,14 @@ class Walks:
         except Exception as exc:  # noqa: BLE001 -- at exit: nothing kept is all it may cost
             _say("kept walks", "not written", f"{type(exc).__name__}: {exc}")
 
-    def _keep(self) -> None:
-        new = {seen[0]._fn_name: entry for seen in self.walked if (entry := self.entry(*seen)) is not None}
+    def entries(self) -> dict:
+        """What each walk made here read, by function name, as a record keeps it (those that can be told again)."""
+        found = {seen[0]._fn_name: entry for seen in self.walked if (entry := self.entry(*seen)) is not None}
         self.walked = []
+        return found
+
+    def _keep(self) -> None:
+        new = self.entries()
         key = _triton_key()
         if key is None or not new:
             return
@@ -363,6 +425,17 @@ class Walks:
         return Finder
 
 
+def _met(used: dict, callee, key: str, key_first: bool) -> str:
+    """What ``DependenciesFinder._update_hash`` does with a callee, in this Triton's order (``Rules``): why the
+    recorded walk does not hold for it, or ""."""
+    if key_first and callee.cache_key != key:
+        return f"the callee {callee._fn_name} has another key"
+    why = _merge(used, callee)
+    if why or key_first:
+        return why
+    return "" if callee.cache_key == key else f"the callee {callee._fn_name} has another key"
+
+
 def _merge(used: dict, callee) -> str:
     """``DependenciesFinder._update_hash``'s merge of a callee's globals; why not, where the walk would raise."""
     for key in used.keys() & callee.used_global_vals.keys():
@@ -398,16 +471,48 @@ def _say(subject: str, outcome: str, why: str) -> None:
         base.say(subject if subject == "kept walks" else f"Triton's walk of {subject}", outcome, why)
 
 
+def walk_records(jit_module, functions) -> dict | None:
+    """The record a bundle carries of Triton's walks of ``functions`` (``@jit`` functions a build ran) and of every
+    callee they reach: each walked again here, in order of name, so that the record does not depend on the order
+    the build's threads first walked them in, and kept as ``keep`` keeps a served process's. None for a Triton this
+    replay was not checked against. Call it last: every ``@jit`` function of the process walks again when next
+    looked up."""
+    import gc
+
+    version = getattr(sys.modules.get("triton"), "__version__", "")
+    rules, cache = rules_for(version), sys.modules.get("triton.runtime.cache")
+    if rules is None or cache is None or not hasattr(cache, "triton_key"):
+        return None
+    walks = Walks(jit_module, "", rules)
+    walks.kept = {}  # replays nothing: every function is walked
+    if not walks.ready():
+        return None
+    jit_type, finder = jit_module.JITCallable, jit_module.DependenciesFinder
+    prop = jit_type.__dict__["cache_key"]
+    for fn in gc.get_objects():
+        if isinstance(fn, jit_type) and fn.hash is not None:
+            fn.hash, fn.used_global_vals = None, {}
+    jit_module.DependenciesFinder, jit_type.cache_key = walks.finder_class(), property(walks.cache_key)
+    try:
+        for fn in sorted(functions, key=lambda f: f._fn_name):
+            fn.cache_key  # noqa: B018 -- walks it (and the callees it meets) through the hook
+    finally:
+        jit_module.DependenciesFinder, jit_type.cache_key = finder, prop
+    found = walks.entries()
+    return {"format": FORMAT, "triton_key": cache.triton_key(), "functions": dict(sorted(found.items()))}
+
+
 def seed(jit_module, folder: str) -> None:
     """Make ``jit_module.JITCallable.cache_key`` (``triton.runtime.jit``) replay the walks kept in ``folder``."""
     current = jit_module.JITCallable.__dict__.get("cache_key")
     if not enabled() or not isinstance(current, property) or getattr(current.fget, "kernelcache_walks", None):
         return
     version = getattr(sys.modules.get("triton"), "__version__", "")
-    if not version.startswith(VERIFIED):
+    rules = rules_for(version)
+    if rules is None:
         _say("every function", "walked", f"Triton {version} is not one this replay was checked against")
         return
-    walks = Walks(jit_module, folder)
+    walks = Walks(jit_module, folder, rules)
     jit_module.DependenciesFinder = walks.finder_class()
 
     def cache_key(fn) -> str:

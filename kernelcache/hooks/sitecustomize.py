@@ -7,7 +7,8 @@
   ``triton.runtime.cache`` is imported, ``triton_key()`` returns the value the install computed while
   Triton's files are unchanged, instead of hashing libtriton.so again (``kernelcache_tritonkey``); and once
   Triton's knobs, nvidia compiler and driver modules are imported, their ``ptxas --version`` and
-  ``ldconfig -p`` runs return what the install recorded while the files behind them hold (``kernelcache_outputs``).
+  ``ldconfig -p`` runs, and once its build module is, ``platform.architecture()``'s ``file`` run, return what the
+  install recorded while the files behind them hold (``kernelcache_outputs``).
 * Compile log (``KERNELCACHE_COMPILE_LOG`` set, as ``capture`` does): once ``triton`` is imported,
   every compile() (hit or miss) and every gcc build of a Triton helper module is appended to the log.
 * Autotune choices (``KERNELCACHE_AUTOTUNE_CHECK=1``, as ``env`` / ``run`` set it beside

@@ -10,10 +10,13 @@ What a user's process meets (issue 32), timed so that it cannot flatter the bund
 * every process is a fresh one. Before the clock: ``import torch``, CUDA init, the imports, ``Sampler()``, the
   inputs. The clock runs from a ``torch.cuda.synchronize()`` to the one after the last call;
 * modes: ``warm`` (a plain Triton cache that cold processes of the same paths left; ``TRITON_CACHE_DIR`` only),
-  ``served`` (``python3 -m kernelcache run --cache-dir D -- ...`` on the installed bundle), ``served-walk`` (the
-  same with ``KERNELCACHE_REPLAY_WALKS=0``: Triton walks every kernel, as the first served process after an
-  install does) and, when asked, ``served-eager`` (``CUDA_MODULE_LOADING=EAGER``: torch's kernels loaded before the
-  clock, which tells what CUDA's lazy loading costs the call);
+  ``served`` (``python3 -m kernelcache run --cache-dir D -- ...`` on the installed bundle, after the first served
+  process of that cache: what a second served process meets), ``served-fresh`` (the first served process after a
+  fresh install: each one's own new cache dir, the bundle installed into it just before the process starts, as a
+  pod's init container installs it; it replays the bundle's walk records), ``served-walk`` (``served`` with
+  ``KERNELCACHE_REPLAY_WALKS=0``: Triton walks every kernel) and, when asked, ``served-eager``
+  (``CUDA_MODULE_LOADING=EAGER``: torch's kernels loaded before the clock, which tells what CUDA's lazy loading
+  costs the call);
 * rounds interleave the modes (warm, served, served-walk, warm, ...) per path, in two phases: ``quiet`` (the GPU
   idle before) and ``busy`` (a matmul loop right before each timed call, and 10 s of it before each batch). Before
   the rounds, the first served process of each path in the fresh install (it walks, and keeps the walks at exit).
@@ -27,6 +30,7 @@ commands it starts; one extra process per path and mode runs its first call unde
 ``KERNELCACHE_DEBUG=1``). Everything is written as it comes: a failed process or mode loses nothing else.
 
     python3 scripts/gpu/first_call_rounds.py --bundles '.carry/fc/*.tar.zst' --out $OUT --rounds 3
+    python3 scripts/gpu/first_call_rounds.py --modes warm,served,served-fresh --rounds 3    # what a pod meets
     python3 scripts/gpu/first_call_rounds.py --summarise $OUT/rows.jsonl      # the tables again, from the rows
 """
 
@@ -530,6 +534,7 @@ class Driver:
         self.rows: list[dict] = []
         self.served = self.work / "served"
         self.warm = self.work / "warm"
+        self.bundle = ""  # the one installed (``install``): every served-fresh process gets a new install of it
         self.next_id = 0
         self.children: list[Child] = []  # started and not finished: ended if the driver is
         self.gpu: subprocess.Popen | None = None
@@ -543,15 +548,27 @@ class Driver:
     # -- set-up --
     def install(self) -> str:
         """Install the first bundle the GPU check accepts; its path."""
-        check = ["--no-gpu-check"] if FAKE else []  # a dry run has no GPU to check the bundle against
         for bundle in sorted(glob.glob(self.args.bundles)):
-            done = subprocess.run([sys.executable, "-m", "kernelcache", "install", bundle, "--cache-dir",
-                                   str(self.served), *check], capture_output=True, text=True, env=self.env(),
-                                  cwd=str(REPO))
+            done = self.install_into(bundle, self.served)
             self.say(f"install {bundle}: exit {done.returncode} {(done.stdout + done.stderr).strip()[-400:]}")
             if done.returncode == 0:
+                self.bundle = bundle
                 return bundle
         raise SystemExit("no bundle installs on this GPU")
+
+    def install_into(self, bundle: str, cache: Path) -> subprocess.CompletedProcess:
+        check = ["--no-gpu-check"] if FAKE else []  # a dry run has no GPU to check the bundle against
+        return subprocess.run([sys.executable, "-m", "kernelcache", "install", bundle, "--cache-dir", str(cache),
+                               *check], capture_output=True, text=True, env=self.env(), cwd=str(REPO))
+
+    def fresh_cache(self, spec: dict) -> Path:
+        """A new cache dir with the bundle freshly installed, for one ``served-fresh`` process (off its clock: the
+        process starts after the install, as a pod's server after its init container)."""
+        cache = self.work / f"fresh-{spec['id']}"
+        done = self.install_into(self.bundle, cache)
+        if done.returncode:
+            raise OSError(f"install into {cache}: exit {done.returncode} {(done.stdout + done.stderr)[-400:]}")
+        return cache
 
     def env(self, **extra: str) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON_", "KERNELCACHE_"))}
@@ -573,7 +590,8 @@ class Driver:
             extra["CUDA_MODULE_LOADING"] = "EAGER"
         if spec.get("profile") or spec.get("debug"):
             extra["KERNELCACHE_DEBUG"] = "1"
-        run = [sys.executable, "-m", "kernelcache", "run", "--cache-dir", str(self.served), "--"]
+        cache = self.fresh_cache(spec) if mode == "served-fresh" else self.served
+        run = [sys.executable, "-m", "kernelcache", "run", "--cache-dir", str(cache), "--"]
         return run + harness, self.env(**extra)
 
     def spec(self, phase: str, rnd: int, path: str, mode: str, **more) -> dict:
@@ -591,8 +609,8 @@ class Driver:
 
     # -- batches --
     def start(self, spec: dict) -> Child | None:
-        command, env = self.command(spec)
         try:
+            command, env = self.command(spec)
             self.children.append(Child(spec, command, env, self.work))
             return self.children[-1]
         except OSError as exc:
@@ -748,13 +766,23 @@ def ratios(rows: list[dict]) -> list[dict]:
         base = warm.get((row["phase"], row["path"], row["round"]))
         if row["mode"].startswith("served") and base and not row.get("first_in_cache"):
             found.setdefault((row["phase"], row["path"], row["mode"]), []).append(round(row["first_call"] / base, 3))
+    served = {(r["phase"], r["path"], r["round"]): r["first_call"] for r in rows
+              if r["mode"] == "served" and not r.get("first_in_cache")}
+    fresh = {}
+    for row in rows:
+        second = served.get((row["phase"], row["path"], row["round"]))
+        if row["mode"] == "served-fresh" and second:
+            fresh.setdefault((row["phase"], row["path"]), []).append(round(row["first_call"] / second, 3))
     return [{"phase": p, "path": path, "mode": m, "per_round": v, "max": max(v), "median": statistics.median(v),
-             "every_round_at_most_0.25": max(v) <= 0.25} for (p, path, m), v in sorted(found.items())]
+             "every_round_at_most_0.25": max(v) <= 0.25, "every_round_at_most_0.2": max(v) <= 0.2,
+             "vs_second_served_per_round": fresh.get((p, path)) if m == "served-fresh" else None}
+            for (p, path, m), v in sorted(found.items())]
 
 
 def markdown(summary: dict) -> str:
     lines = ["| phase | path | mode | first calls, ms (round order) | median [min-max] | vs warm, per round | "
-             "second call | compiles | triton_key() in the call, ms | walks |", "|" + " --- |" * 10]
+             "vs served, per round | second call | compiles | triton_key() in the call, ms | walks |",
+             "|" + " --- |" * 11]
     by = {(r["phase"], r["path"], r["mode"]): r for r in summary["ratios"]}
     for row in summary["table"]:
         ratio = by.get((row["phase"], row["path"], row["mode"]))
@@ -762,6 +790,7 @@ def markdown(summary: dict) -> str:
         lines.append(f"| {row['phase']} | {row['path']} | {row['mode']} | {calls} | "
                      f"{row['median_ms']} [{row['min_ms']}-{row['max_ms']}] | "
                      f"{', '.join(f'{v:.2f}×' for v in ratio['per_round']) if ratio else ''} | "
+                     f"{', '.join(f'{v:.2f}×' for v in (ratio or {}).get('vs_second_served_per_round') or ())} | "
                      f"{row['second_call_ms']} ms | {row['compiles']} | {', '.join(map(str, row['triton_key_ms']))} | "
                      f"{'; '.join(row['walks'])} |")
     lines += ["", "Median time inside the first call, ms, by phase (inclusive; nested: compile > get_cache_key > "
@@ -793,7 +822,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--modes", default="warm,served,served-walk",
-                        help="of warm, served, served-walk, served-eager (in the order each round runs them)")
+                        help="of warm, served, served-fresh, served-walk, served-eager (in the order each round "
+                             "runs them)")
     parser.add_argument("--batch", type=int, default=15, help="processes started together")
     parser.add_argument("--no-eager", action="store_true", help="no closing served-eager batch")
     parser.add_argument("--busy-start", type=float, default=10.0, help="seconds of matmuls before a busy batch")

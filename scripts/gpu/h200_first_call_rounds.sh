@@ -8,7 +8,10 @@
 #  --path registry --path mrv1 --path mrv2 -o .carry/fc).
 # Results under $OUT (6 files): env.txt, driver.log, rows.jsonl, profiles.jsonl, summary.json, summary.md.
 # ROUNDS (3), BUDGET (seconds after which no process starts or is released, 450), MODES (warm,served,served-walk;
-# served-eager adds CUDA_MODULE_LOADING=EAGER), BATCH (15 processes started together).
+# served-fresh: the first served process after a fresh install, each in a new cache dir; served-eager adds
+# CUDA_MODULE_LOADING=EAGER), BATCH (15 processes started together). KC_GC_FREEZE=1: each process freezes its GC heap
+# before the clock, as vLLM's worker does once started (freeze_gc_heap).
+# What a pod meets (issue 43): MODES=warm,served,served-fresh KC_GC_FREEZE=1 bash scripts/gpu/h200_first_call_rounds.sh
 set -uo pipefail
 source scripts/gpu/harness.sh /tmp/kcr
 export VLLM_USE_FLASHINFER_SAMPLER=0  # the image has no FlashInfer; the seeded paths are Triton's either way
