@@ -18,6 +18,10 @@ STACKS=${STACKS:-lab serving}
 # CI builds FlashInfer's sampling module once (about 100 s); without it the FlashInfer tests would skip.
 export KERNELCACHE_SETUP_FLASHINFER=${KERNELCACHE_SETUP_FLASHINFER:-1}
 if [ "$KERNELCACHE_SETUP_FLASHINFER" = 1 ]; then export KERNELCACHE_REQUIRE_FLASHINFER=1; fi
+# The vLLM builds of both streams share one build cache, new for each run (tests/conftest.py build_cache): what one
+# test's build compiled, a later build takes instead of compiling it again.
+export KERNELCACHE_TEST_BUILD_CACHE="${TMPDIR:-/tmp}/kernelcache-tests-build-cache"
+rm -rf "$KERNELCACHE_TEST_BUILD_CACHE"
 started=$(date +%s)
 stamp() { echo "test.sh: $1 at +$(( $(date +%s) - started ))s"; }
 serving=0
