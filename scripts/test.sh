@@ -18,6 +18,12 @@ STACKS=${STACKS:-lab serving}
 # CI builds FlashInfer's sampling module once (about 100 s); without it the FlashInfer tests would skip.
 export KERNELCACHE_SETUP_FLASHINFER=${KERNELCACHE_SETUP_FLASHINFER:-1}
 if [ "$KERNELCACHE_SETUP_FLASHINFER" = 1 ]; then export KERNELCACHE_REQUIRE_FLASHINFER=1; fi
+# Every test process imports torch and vLLM (or Triton) from venvs that uv installed without .pyc files; where
+# PYTHONDONTWRITEBYTECODE is set (many CI images set it), each one would compile their Python again: about 10 s of
+# CPU per process that imports vLLM, and the suite starts some hundred. Python writes it once, to build/pycache
+# (the venvs stay as setup.sh made them).
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX="$PWD/build/pycache"
 # The vLLM builds of both streams share one build cache, new for each run (tests/conftest.py build_cache): what one
 # test's build compiled, a later build takes instead of compiling it again.
 export KERNELCACHE_TEST_BUILD_CACHE="${TMPDIR:-/tmp}/kernelcache-tests-build-cache"
@@ -80,7 +86,9 @@ serving_tests() {
 
 # Two streams, one per core of a 2-core CI machine: most tests run one process at a time, so together they take
 # about as long as the longer stream. A: the quick tests, then the serving stack's; B: the slow builds (the
-# model families' cross builds). Each stream's output is printed whole once it ends.
+# model families' cross builds), one pytest per file, taken in turn by whichever stream is free: B from the start,
+# A once its own tests are done, so that both end close together. Each stream's output is printed whole once it
+# ends.
 stream() {
   local name=$1 rc=0
   shift
@@ -88,13 +96,50 @@ stream() {
   stamp "stream $name done (exit $rc)" >> "build/test-$name.log"
   return "$rc"
 }
-quick_then_serving() {
+# The files with slow tests, as pytest collects them; the longest known go first (the last file taken decides how
+# far apart the streams end).
+SLOW_FIRST="test_exercise_records test_build_vllm test_device_keys test_build_gdn test_build_flashinfer_attention"
+rm -rf build/test-slow-files build/test-slow-claims
+collect_slow() {
+  local rc=0 listed
+  listed=$(.venv-lab/bin/python -m pytest -q -p no:cacheprovider --collect-only -m "slow and not serving" "$@") \
+    || rc=$?
+  [ "$rc" = 0 ] || [ "$rc" = 5 ] || { echo "$listed" | tail -30; return "$rc"; }
+  listed=$(echo "$listed" | sed -n 's/::.*//p' | awk '!seen[$0]++')
+  mkdir -p build/test-slow-claims
+  { for name in $SLOW_FIRST; do echo "$listed" | grep -Fx "tests/$name.py" || true; done
+    for file in $listed; do [[ " $SLOW_FIRST " == *" $(basename "$file" .py) "* ]] || echo "$file"; done
+  } > build/test-slow-files.tmp
+  mv build/test-slow-files.tmp build/test-slow-files
+}
+# Run each slow file no stream has taken yet (a claim is a directory, made once).
+take_slow() {
+  local rc=0 file name files
+  while [ ! -f build/test-slow-files ]; do
+    [ -f build/test-slow-claims/failed ] && return 1
+    sleep 5
+  done
+  mapfile -t files < build/test-slow-files
+  for file in "${files[@]}"; do
+    name=$(basename "$file" .py)
+    mkdir "build/test-slow-claims/$name" 2>/dev/null || continue
+    stamp "$file taken"
+    pytest_run "slow-$name" -m "slow and not serving" "$file" "$@" || rc=1
+  done
+  return "$rc"
+}
+collect_then_slow() {
+  collect_slow "$@" || { mkdir -p build/test-slow-claims && touch build/test-slow-claims/failed; return 1; }
+  take_slow "$@"
+}
+quick_serving_then_slow() {
   pytest_run quick -m "not serving and not slow" "$@" || return
   stamp "quick tests done"
-  if [ "$serving" = 1 ]; then serving_tests "$@"; fi
+  if [ "$serving" = 1 ]; then serving_tests "$@" || return; fi
+  take_slow "$@"
 }
-stream A quick_then_serving "$@" & a=$!
-stream B pytest_run slow -m "slow and not serving" "$@" & b=$!
+stream A quick_serving_then_slow "$@" & a=$!
+stream B collect_then_slow "$@" & b=$!
 failed=0
 for pair in "A $a" "B $b"; do
   set -- $pair
