@@ -57,32 +57,33 @@ def build_once(arch: str, gpu: str, vocab: int, out: Path, cache: Path) -> dict:
 
 
 def small_build(out: Path, *extra: str) -> tuple[Path, dict]:
-    """MRV2's sampler for 4 sequences on sm_90, built without a build cache: (its bundle, the build's JSON)."""
+    """MRV2's sampler for 4 sequences on sm_90: (its bundle, the build's JSON)."""
     done = kc("build", "--arch", "sm_90", "--gpu", "h200", "--vocab", "151665", "--dtype", "float32", "--path", "mrv2",
-              "--max-num-seqs", "4", "--mode", "cross", "-o", str(out), "--no-build-cache", "--json", *extra,
-              check=True, timeout=1200)
+              "--max-num-seqs", "4", "--mode", "cross", "-o", str(out), "--json", *extra, check=True, timeout=1200)
     [result] = json.loads(done.stdout)
     return Path(result["bundles"][0]["path"]), result
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory) -> Path:
-    """A small vLLM bundle (``small_build``): the first of test_the_same_build_twice's builds, and what a test that
-    needs some bundle of vLLM's kernels and its gcc-built modules reads."""
-    return small_build(tmp_path_factory.mktemp("small"))[0]
+def small(tmp_path_factory, build_cache) -> Path:
+    """A small vLLM bundle (``small_build``), built with the session's build cache (the 3-path sm_90 build takes its
+    27 kernels from there): the first of test_the_same_build_twice's builds, and what a test that needs some bundle
+    of vLLM's kernels and gcc-built modules reads."""
+    return small_build(tmp_path_factory.mktemp("small"), "--build-cache", str(build_cache))[0]
 
 
 def test_the_same_build_twice_gives_the_same_bytes(small, tmp_path):
     # A small build is enough: what makes bytes reproducible (archive order, mtimes, build.reproducible_cc for the
     # gcc-built launchers and cuda_utils) does not depend on the target or the number of kernels, and rebuilding
     # the module's whole build would cost CI four more minutes.
-    # The second build signs its bundle inline (build --sign): the signature sits beside it, the bytes are the same.
+    # The second build compiles everything (no build cache) and signs its bundle inline (build --sign): the signature
+    # sits beside it, the bytes are the same.
     from helpers.keys import write_pair
 
     from kernelcache.bundle.signature import signature_info
 
     key, public, fingerprint = write_pair(tmp_path, "ci")
-    signed, result = small_build(tmp_path / "second", "--sign", str(key))
+    signed, result = small_build(tmp_path / "second", "--no-build-cache", "--sign", str(key))
     modules = {m.kind for m in archive.read_manifest(small).modules}
     assert "cuda_utils" in modules  # a gcc-built module is among the bytes compared
     assert signed.read_bytes() == small.read_bytes()
