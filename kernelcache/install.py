@@ -337,10 +337,10 @@ def install_into(bundle: str | os.PathLike, cache: CacheDir, force: bool = False
 
     source: str | os.PathLike = bundle
     signature = None
+    check_wanted(arch, gpu)  # a bad or unknown arch / gpu fails before any bundle is read or the registry asked
     if str(bundle).startswith("oci://"):
         from .remote.oci import resolve_bundle
 
-        check_wanted(arch, gpu)  # a bad arch / gpu fails before the registry is asked
         digest, source, signature = resolve_bundle(str(bundle), arch, gpu, signature_policy)
         result = install_if_present(digest, cache, force, check_gpu, source=str(bundle),
                                     accept=lambda manifest: check_target(manifest, arch, gpu, str(bundle)),

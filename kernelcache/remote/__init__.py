@@ -64,7 +64,7 @@ def check_wanted(arch: str | None, gpu: str | None) -> None:
 
         profile(gpu)
     if arch is not None:
-        flag_capability(arch, None)
+        flag_capability(arch)
 
 
 def fetch(ref: str | os.PathLike, dest_dir: str | os.PathLike, arch: str | None = None, gpu: str | None = None,
