@@ -132,6 +132,19 @@ class ToolchainUnavailable(MissingDependency):
     exit_code = 33
 
 
+class ImportFailed(MissingDependency):
+    """A package the build needs is installed but does not import here (the error it raised is named)."""
+
+    exit_code = 34
+
+
+class PackageClash(MissingDependency):
+    """Two installed packages wrote the same files and the later one's copy replaced the other's (cuda-python
+    12.6's ``cuda/bindings`` over cuda-bindings 13's): the package that owns them fails to import."""
+
+    exit_code = 35
+
+
 class StorageError(KernelcacheError):
     """Disk full, permission denied, read-only target: nothing was published."""
 
