@@ -174,10 +174,12 @@ class InstallPlan:
         it (cachedir/checked.py). A forced install is never kept: it is checked, and said loudly, every time."""
         if self.blocking or self.checked_under is None or self.identity is None:
             return
+        from .remote import fits
+
         files = [f.path for f in self.manifest.files(self.choices)]
         signed = (self.signature_identity, self.signature.to_dict() if self.signature is not None else None)
         remember_checked(CacheDir(self.cache_dir), self.bundle, self.identity, self.digest, files,
-                         self.checked_under, self.gpu, self.check(), signed, self.choices_state)
+                         self.checked_under, self.gpu, self.check(), signed, self.choices_state, fits(self.manifest))
 
 
 def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,
@@ -337,18 +339,18 @@ def install_into(bundle: str | os.PathLike, cache: CacheDir, force: bool = False
 
     source: str | os.PathLike = bundle
     signature = None
+    check_wanted(arch, gpu)  # a bad or unknown arch / gpu fails before any bundle is read or the registry asked
     if str(bundle).startswith("oci://"):
         from .remote.oci import resolve_bundle
 
-        check_wanted(arch, gpu)  # a bad arch / gpu fails before the registry is asked
         digest, source, signature = resolve_bundle(str(bundle), arch, gpu, signature_policy)
         result = install_if_present(digest, cache, force, check_gpu, source=str(bundle),
                                     accept=lambda manifest: check_target(manifest, arch, gpu, str(bundle)),
                                     signature=signature)
         if result is not None:
             return result
-    if arch is None and gpu is None and limits is None and not asked:
-        found = find_checked(bundle, cache.root, check_gpu, signature_policy)
+    if limits is None and not asked:
+        found = find_checked(bundle, cache.root, check_gpu, signature_policy, arch, gpu)
         if found is not None:
             return InstallResult(Path(found.cache_dir), found.digest, "already-installed", warnings=found.warnings,
                                  signature=SignatureInfo.from_dict(found.signature), choices=found.choices)

@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import PathUnavailable, UsageError
+from ..errors import MissingDependency, PathUnavailable, UsageError
 from ..format.fingerprint import package_version
 from ..format.manifest import DEVICE_NAME_PATHS, arch_to_capability
 from . import families
@@ -55,7 +55,7 @@ class BuildTarget:
 def check_paths(plan: BuildPlan) -> None:
     """Say clearly when the installed vLLM (or FlashInfer) lacks a path the plan asks for."""
     if importlib.util.find_spec("vllm") is None:
-        raise PathUnavailable("vLLM is not installed here; `kernelcache build` runs vLLM's own sampler code")
+        raise MissingDependency("vLLM is not installed here; `kernelcache build` runs vLLM's own code")
     for path in plan.paths:
         module, what = required_module(path)
         if not _module_file(module):
