@@ -32,14 +32,13 @@ installer load.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections import namedtuple
 
 from ..bundle.trust import NO_POLICY, key_fingerprints, signature_path
 from ..format.envscan import gpu_witness, key_digest, scan_key
-from ..hooks.kernelcache_records import SAME_FILE, stamp
+from ..hooks.kernelcache_records import SAME_FILE, sha256_hex, stamp
 from ..version import __version__
 from .layout import STATE_DIR, keep_newest, unfinished
 
@@ -58,7 +57,7 @@ def bundle_identity(path: str | os.PathLike) -> list[int] | None:
 
 
 def _record_path(root: str, bundle: str) -> str:
-    name = hashlib.sha256(os.path.realpath(bundle).encode()).hexdigest()[:32]
+    name = sha256_hex(os.path.realpath(bundle).encode())[:32]
     return os.path.join(root, STATE_DIR, "checked", f"{name}.json")
 
 

@@ -10,7 +10,6 @@ subprocess: a no-op install on every pod start imports this module and little el
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.machinery
 import importlib.util
 import json
@@ -18,7 +17,7 @@ import os
 import re
 import sys
 
-from ..hooks.kernelcache_records import stamp
+from ..hooks.kernelcache_records import sha256_hex, stamp
 from ..hooks.kernelcache_tritonkey import triton_files  # the served triton_key() seed checks these too
 from . import keep_old_name
 
@@ -63,7 +62,7 @@ def scan_key() -> dict:
 
 def key_digest(fields: dict) -> str:
     """The digest of a key's fields (tuples and lists alike, as JSON writes them)."""
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    return sha256_hex(json.dumps(fields, sort_keys=True).encode())
 
 
 def package_dir(name: str) -> str | None:
@@ -167,7 +166,7 @@ def gpu_witness() -> str:
     parts += [f"{path} {_read(path)}" for path in [f"{_NVIDIA_PROC}/version", *_gpu_information_files()]]
     for folder, dirs, files in os.walk(f"{_NVIDIA_PROC}/capabilities"):
         parts += sorted(f"cap {folder}/{n}" for n in [*dirs, *files])
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    return sha256_hex("\n".join(parts).encode())
 
 
 def _gpu_information_files() -> list[str]:
