@@ -12,12 +12,10 @@ from __future__ import annotations
 import contextlib
 import importlib.machinery
 import importlib.util
-import json
 import os
-import re
 import sys
 
-from ..hooks.kernelcache_records import sha256_hex, stamp
+from ..hooks.kernelcache_records import json_dumps_sorted, sha256_hex, stamp
 from ..hooks.kernelcache_tritonkey import triton_files  # the served triton_key() seed checks these too
 from . import keep_old_name
 
@@ -62,7 +60,7 @@ def scan_key() -> dict:
 
 def key_digest(fields: dict) -> str:
     """The digest of a key's fields (tuples and lists alike, as JSON writes them)."""
-    return sha256_hex(json.dumps(fields, sort_keys=True).encode())
+    return sha256_hex(json_dumps_sorted(fields).encode())
 
 
 def package_dir(name: str) -> str | None:
@@ -100,7 +98,17 @@ def _listdir(path: str) -> list[str]:
 
 
 def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
+    out: list[str] = []  # re.sub(r"[-_.]+", "_", name), without importing re (a no-op install's pod start)
+    separated = False
+    for char in name:
+        if char in "-_.":
+            if not separated:
+                out.append("_")
+            separated = True
+        else:
+            out.append(char)
+            separated = False
+    return "".join(out).lower()
 
 
 def metadata_dirs(names: tuple[str, ...]) -> dict[str, str]:
