@@ -26,7 +26,6 @@ read, or finish an interrupted install, before they print or exec).
 
 from __future__ import annotations
 
-import json
 import sys
 
 # flag -> takes a value; the options each plain form accepts (all else goes to click).
@@ -182,6 +181,8 @@ def _render_install(result: dict, as_json: bool) -> None:
         print(f"warning: {warning}", file=sys.stderr)
     tuned = "; autotune choices installed" if result.get("choices") == "installed" else ""
     if as_json:
+        import json
+
         print(json.dumps({k: v for k, v in result.items() if k != "warnings"}, indent=1))
     elif result["action"] == "already-installed":
         print(f"already installed in {result['cache_dir']} (digest {result['digest'][:16]}){signed}{tuned}")
@@ -204,6 +205,8 @@ def _env(options: dict, positionals: list[str]) -> bool:
             print(f"warning: {warning}", file=sys.stderr)
         variables = found.variables
     if options.get("--json"):
+        import json
+
         print(json.dumps(variables, indent=1))
     else:
         from .runtime.shell import shell_exports

@@ -32,14 +32,12 @@ installer load.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections import namedtuple
 
 from ..bundle.trust import NO_POLICY, key_fingerprints, signature_path
 from ..format.envscan import gpu_witness, key_digest, scan_key
-from ..hooks.kernelcache_records import SAME_FILE, stamp
+from ..hooks.kernelcache_records import SAME_FILE, json_loads, sha256_hex, stamp
 from ..version import __version__
 from .layout import STATE_DIR, keep_newest, unfinished
 
@@ -58,7 +56,7 @@ def bundle_identity(path: str | os.PathLike) -> list[int] | None:
 
 
 def _record_path(root: str, bundle: str) -> str:
-    name = hashlib.sha256(os.path.realpath(bundle).encode()).hexdigest()[:32]
+    name = sha256_hex(os.path.realpath(bundle).encode())[:32]
     return os.path.join(root, STATE_DIR, "checked", f"{name}.json")
 
 
@@ -83,6 +81,7 @@ def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[
               "warnings": list(warnings), "files": sorted(files), "signature_file": signed[0],
               "signature": signed[1], "choices": choices, "fits": fits or {}}
     import contextlib
+    import json
     from pathlib import Path
 
     from .publish import atomic_write  # the writer is the installer, which has these imported already
@@ -106,7 +105,7 @@ def find_checked(bundle: str | os.PathLike, root: str | os.PathLike, check_gpu: 
     root = os.fspath(root)
     try:
         with open(_record_path(root, os.fspath(bundle)), "rb") as handle:
-            record = json.loads(handle.read())
+            record = json_loads(handle.read().decode())
     except (OSError, ValueError):
         return None
     if not isinstance(record, dict) or not _fits(record, arch, gpu) or not _holds(record, root, bundle, check_gpu) \
@@ -165,7 +164,7 @@ def record_holds(path: str) -> bool:
     its bundle file is still the one it checked (the identity holds a ctime, which never goes back)."""
     try:
         with open(path, "rb") as handle:
-            record = json.loads(handle.read())
+            record = json_loads(handle.read().decode())
     except (OSError, ValueError):
         return False
     return (isinstance(record, dict) and record.get("format") == FORMAT and record.get("kernelcache") == __version__
