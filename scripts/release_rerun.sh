@@ -38,10 +38,10 @@ for path in "${PATHS[@]}"; do
   kernels=- vrc=-
   if [ $rc = 0 ]; then
     bundle=$(ls "$dir"/bundles/*.tar.zst | head -1)
-    kernels=$("$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); print(sum(b.get('kernels', 0) for t in d['targets'] for b in t['bundles']))" "$dir/build.json" 2>/dev/null || echo "?")
+    kernels=$("$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); d=d['targets'] if isinstance(d, dict) else d; print(sum(b['kernels'] for t in d for b in t['bundles']))" "$dir/build.json" 2>/dev/null || echo "?")
     "$PY" -m kernelcache install "$bundle" --cache-dir "$dir/cache" >"$dir/install.out" 2>&1 \
       && "$PY" -m kernelcache verify "$bundle" --cache-dir "$dir/cache" >"$dir/verify.out" 2>&1
     vrc=$?
   fi
-  echo "vllm $version | $path | build $rc | kernels $kernels | verify $vrc | $(( $(date +%s) - start )) s | $(tail -1 "$dir/build.err" | cut -c1-300)"
+  echo "vllm $version | $path | build $rc | kernels $kernels | verify $vrc | $(( $(date +%s) - start )) s | $(tail -n 1 "$dir/build.err" | cut -c1-300)"
 done

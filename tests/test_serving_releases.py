@@ -59,8 +59,7 @@ def test_a_release_lacking_a_path_says_why_and_each_contact_names_its_releases()
         assert set(family.releases) <= set(releases.SUPPORTED), family.name
         assert bool(family.lacks) == (family.releases != releases.SUPPORTED), family.name
         for contact in family.contacts:
-            assert set(contact.releases) <= set(family.releases), (family.name, contact)
-            assert ":" in contact.symbol or "." in contact.symbol, contact
+            assert set(contact.releases) & set(family.releases), (family.name, contact)
         # one contact per release and name: resolve never has to choose
         for release in family.releases:
             names = [c.name for c in releases.current(family.contacts, release)]
@@ -139,10 +138,16 @@ def test_a_missing_contact_is_named():
     assert "takes (self) in the installed vllm" in signature.problem()
 
 
+# As the exercises import them: behind the fake target, and vllm/platforms/cuda.py's stable-ABI extension (it needs
+# the driver; nothing calls it) an empty module where it does not load (vllm_flashinfer.py chosen_backend).
 CHECK = """
-import json, sys
+import importlib, json, sys, types
 from kernelcache.exercise.vllm_sampler import _device_scope
 from kernelcache.plan import families, releases
+try:
+    importlib.import_module("vllm._C_stable_libtorch")
+except ImportError:
+    sys.modules["vllm._C_stable_libtorch"] = types.ModuleType("vllm._C_stable_libtorch")
 problems = []
 with _device_scope():
     for family in families.families():
