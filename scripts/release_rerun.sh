@@ -3,7 +3,7 @@
 # a line per path: path, build exit code, kernels, verify exit code, seconds. The table of issue 40 (path x vLLM
 # release) comes from running it once per release venv (scripts/setup.sh, VLLM_VERSION=0.33.0 / 0.34.0):
 #   PY=.venv-0.34/bin/python bash scripts/release_rerun.sh [PATH ...] > rerun-0.34.txt
-# A path the installed release lacks exits 34 before any compile (plan/targets.py check_release).
+# A path the installed release lacks exits 36 before any compile (plan/targets.py check_release).
 set -uo pipefail
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-$(mktemp -d /tmp/kc-rerun.XXXXXX)}

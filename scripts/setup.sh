@@ -36,20 +36,9 @@ case "$VLLM_VERSION" in
   *) FLASHINFER_VERSION=${FLASHINFER_VERSION:-0.7.2.post1} ;;
 esac
 
-# Resolve from the public index only: no machine-wide pip config (local wheel folders, constraints).
-export PIP_CONFIG_FILE=/dev/null
-unset PIP_FIND_LINKS PIP_CONSTRAINT PIP_NO_INDEX
-
-python312() {
-  if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"; return; fi
-  if python3.12 -c '' 2>/dev/null; then echo python3.12; return; fi
-  # pyenv keeps 3.12 out of PATH unless selected; pick its newest 3.12.
-  local version
-  version=$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12(\.|$)' | sort -V | tail -1 || true)
-  if [ -n "$version" ]; then echo "$(pyenv root)/versions/$version/bin/python3.12"; return; fi
-  echo "setup: no Python 3.12 found (vLLM's images run 3.12); set PYTHON=/path/to/python3.12" >&2
-  exit 2
-}
+# Python 3.12 and uv (build/uv), from the public index only: scripts/uv.sh, which scripts/release.sh shares.
+source scripts/uv.sh
+PY312=$(python312)
 
 # uv installs every venv from one cache by hard links: the two serving venvs share every file and the lab venv
 # shares each wheel of the same version (vllm, flashinfer, some nvidia-* libraries), so three venvs cost about
@@ -58,17 +47,9 @@ python312() {
 # flashinfer; only cuda-python differs). Its own binary comes from PyPI too, into build/uv.
 # The cache sits in build/ (the venvs' file system: hard links cannot cross one) unless UV_CACHE_DIR says otherwise.
 export UV_CACHE_DIR=${UV_CACHE_DIR:-$PWD/build/uv-cache}
-export UV_LINK_MODE=hardlink UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1
-unset UV_INDEX_URL UV_EXTRA_INDEX_URL UV_FIND_LINKS UV_CONSTRAINT UV_INDEX UV_DEFAULT_INDEX
-UV=${UV:-build/uv/bin/uv}
-if ! [ -x "$UV" ]; then  # into a temporary dir, then one rename: two set-ups at once (scripts/test.sh) don't clash
-  mkdir -p build
-  tmp=$(mktemp -d build/uv.XXXXXX)
-  PIP_ROOT_USER_ACTION=ignore "$(python312)" -m pip install -q --disable-pip-version-check --target "$tmp" "uv>=0.9,<1"
-  mv -T "$tmp" build/uv 2>/dev/null || rm -rf "$tmp"
-fi
+export UV_LINK_MODE=hardlink
 # --seed: pip inside the venv too (the FlashInfer toolchain and the fingerprint tests run `python -m pip`).
-[ -x "$VENV/bin/python" ] || "$UV" venv -q --seed --python "$(python312)" "$VENV"
+[ -x "$VENV/bin/python" ] || "$UV" venv -q --seed --python "$PY312" "$VENV"
 pip() { "$UV" pip "$1" -q --python "$VENV/bin/python" "${@:2}"; }
 installed() { "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$2')" 2>/dev/null; }
 
@@ -76,6 +57,14 @@ if [ "$STACK" = serving ]; then
   # Nothing pinned by us: whatever vLLM's own requirements resolve to is what its users serve with.
   installed vllm "$VLLM_VERSION" || pip install "vllm==$VLLM_VERSION" ${override[@]+"${override[@]}"}
   pip install -e .
+  # uv installs vLLM's wheels at once, and cuda-python 12.6.2.post1's wheel carries a cuda/bindings/ of its own
+  # that can replace files of cuda-bindings 13 (`import flashinfer` then fails; a build exits 35 and says so,
+  # kernelcache/preflight.py). Reinstall cuda-bindings wherever that happened, so this venv never stays so.
+  clash=$("$VENV/bin/python" -c "from kernelcache.preflight import overwritten as o; r = o('cuda-bindings', 'cuda-python'); print(r[0].owner_version if r else '')")
+  if [ -n "$clash" ]; then
+    echo "setup: cuda-python overwrote cuda-bindings $clash's files; reinstalling cuda-bindings" >&2
+    pip install --reinstall-package cuda-bindings "cuda-bindings==$clash"
+  fi
 else
   installed triton 3.6.0 || pip install "torch==${TORCH_VERSION:-2.11.0}" "triton==3.6.0"
   pip install -e .

@@ -3,7 +3,7 @@ preflight and, on each release's serving venv, a small build + verify of every f
 
 * Each family's exercise imports only vLLM internals its declaration names (``contacts=``), and every contact
   of the installed release is there: a new vLLM fails here with the moved symbol named.
-* ``kernelcache build`` refuses, in one line and with exit 34, an unsupported vLLM (a real vLLM whose metadata
+* ``kernelcache build`` refuses, in one line and with exit 36, an unsupported vLLM (a real vLLM whose metadata
   says 0.35.0: a dist-info first on the path) and a path the installed release lacks, before any compile.
 * Marked ``serving``: scripts/release_rerun.sh (the small config of each path) on the 0.33 venv
   (KERNELCACHE_SERVING_VENV) and the 0.34 one (KERNELCACHE_SERVING_VENV_034), one path per case.
@@ -123,7 +123,7 @@ def test_build_refuses_before_any_compile(tmp_path, version, paths, says):
     command = [sys.executable, "-m", "kernelcache", "build", "--arch", "sm_90", "--gpu", "h200", "--vocab", "32000",
                *paths, "-o", str(tmp_path / "out"), "--workdir", str(tmp_path / "work")]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
-    assert done.returncode == 34, (done.stdout[-2000:], done.stderr[-2000:])
+    assert done.returncode == ReleaseUnsupported.exit_code == 36, (done.stdout[-2000:], done.stderr[-2000:])
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0] and f"vllm {version} is installed" in lines[0], lines
     assert not (tmp_path / "work").exists() and not (tmp_path / "triton").exists()  # nothing ran, nothing compiled
@@ -199,7 +199,7 @@ def test_contacts_hold_on_each_release(release):
 @pytest.mark.parametrize("path", RERUN)
 @pytest.mark.parametrize("release", list(VENVS))
 def test_each_family_builds_and_verifies_on_each_release(release, path, tmp_path):
-    """scripts/release_rerun.sh's small config of ``path``: build + install + CPU verify, or exit 34 at once on a
+    """scripts/release_rerun.sh's small config of ``path``: build + install + CPU verify, or exit 36 at once on a
     release that lacks the path."""
     root = release_venv(VENVS[release])
     done = subprocess.run(["bash", str(ROOT / "scripts" / "release_rerun.sh"), path], capture_output=True, text=True,
@@ -210,4 +210,4 @@ def test_each_family_builds_and_verifies_on_each_release(release, path, tmp_path
     if release in family.releases:
         assert "| build 0 |" in line and "| verify 0 |" in line, line
     else:
-        assert "| build 34 |" in line, line
+        assert "| build 36 |" in line, line

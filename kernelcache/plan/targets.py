@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import PathUnavailable, ReleaseUnsupported, UsageError
+from ..errors import MissingDependency, PathUnavailable, ReleaseUnsupported, UsageError
 from ..format.fingerprint import package_version
 from ..format.manifest import DEVICE_NAME_PATHS, arch_to_capability
 from . import families, releases
@@ -55,7 +55,7 @@ class BuildTarget:
 def check_paths(plan: BuildPlan) -> None:
     """Say clearly when the installed vLLM (or FlashInfer) lacks a path the plan asks for."""
     if importlib.util.find_spec("vllm") is None:
-        raise PathUnavailable("vLLM is not installed here; `kernelcache build` runs vLLM's own sampler code")
+        raise MissingDependency("vLLM is not installed here; `kernelcache build` runs vLLM's own code")
     check_release(plan.paths, releases.installed())
     for path in plan.paths:
         module, what = required_module(path)
@@ -68,7 +68,7 @@ def check_paths(plan: BuildPlan) -> None:
 
 
 def check_release(paths: tuple[str, ...], version: str) -> None:
-    """Refuse, in one line (``ReleaseUnsupported``, exit 34), a vLLM ``version`` outside ``releases.SUPPORTED``,
+    """Refuse, in one line (``ReleaseUnsupported``, exit 36), a vLLM ``version`` outside ``releases.SUPPORTED``,
     a path that release lacks, or a path whose contact modules (plan/releases.py) are not on disk there: all
     before any compile. Only files are looked at, nothing of vLLM is imported (that takes a minute)."""
     release, supported = releases.minor(version), ", ".join(releases.SUPPORTED)
