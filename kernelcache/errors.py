@@ -120,6 +120,12 @@ class PathUnavailable(KernelcacheError):
     exit_code = 31
 
 
+class ReleaseUnsupported(KernelcacheError):
+    """The installed vLLM is a release kernelcache does not build for, or one that lacks a path the plan asks for."""
+
+    exit_code = 36
+
+
 class AlreadyActivated(KernelcacheError):
     """Triton already fixed its cache dir in this process; activate() came too late."""
 

@@ -7,17 +7,34 @@
 #                                       0.7.2.post1. Bundles built here install in vLLM 0.33 images.
 #   STACK=lab                .venv-lab  Python 3.12 + triton 3.6.0 + torch 2.11.0 (the torch release that pins
 #                                       triton==3.6.0; the GPU machine's stack), vLLM 0.33.0's pure-Python code.
+# VLLM_VERSION=0.34.0 picks the other supported release (kernelcache/plan/releases.py): the serving venv is then
+# .venv-0.34 (.venv-lab-0.34 for the lab stack). vLLM 0.34.0 pins flashinfer-python==0.7.3, which the public index
+# never had (0.7.4 is there, same API); scripts/vllm-overrides/<version>.txt swaps such pins, as a user does with
+# `uv pip install vllm==0.34.0 --override overrides.txt` (pip has no override; there: `pip install vllm==0.34.0
+# --no-deps` after `pip install flashinfer-python==0.7.4` and the rest of vLLM's requirements).
 # Idempotent: re-running only installs what is missing. Override with PYTHON= (a 3.12 interpreter), VENV=.
 # KERNELCACHE_SETUP_DEV=0 skips the test tools (linters, registry) for a build-only venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STACK=${STACK:-serving}
+VLLM_VERSION=${VLLM_VERSION:-0.33.0}
+# 0.33.0 keeps the venv names every script and test knows; another release gets its own (.venv-0.34).
+suffix=""
+[ "$VLLM_VERSION" = 0.33.0 ] || suffix="-${VLLM_VERSION%.*}"
 case "$STACK" in
-  serving) VENV=${VENV:-.venv} ;;
-  lab) VENV=${VENV:-.venv-lab} ;;
+  serving) VENV=${VENV:-.venv$suffix} ;;
+  lab) VENV=${VENV:-.venv-lab$suffix} ;;
   *) echo "setup: unknown STACK=$STACK (serving or lab)" >&2; exit 2 ;;
 esac
-VLLM_VERSION=${VLLM_VERSION:-0.33.0}
+# Pins of vLLM's the public index cannot satisfy, swapped for the nearest release there (uv --override).
+OVERRIDES=scripts/vllm-overrides/$VLLM_VERSION.txt
+override=()
+[ -f "$OVERRIDES" ] && override=(--override "$OVERRIDES")
+# FlashInfer as that vLLM release pins it (after the overrides): the lab stack installs it without deps.
+case "$VLLM_VERSION" in
+  0.34.*) FLASHINFER_VERSION=${FLASHINFER_VERSION:-0.7.4} ;;
+  *) FLASHINFER_VERSION=${FLASHINFER_VERSION:-0.7.2.post1} ;;
+esac
 
 # Python 3.12 and uv (build/uv), from the public index only: scripts/uv.sh, which scripts/release.sh shares.
 source scripts/uv.sh
@@ -38,7 +55,7 @@ installed() { "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.ex
 
 if [ "$STACK" = serving ]; then
   # Nothing pinned by us: whatever vLLM's own requirements resolve to is what its users serve with.
-  installed vllm "$VLLM_VERSION" || pip install "vllm==$VLLM_VERSION"
+  installed vllm "$VLLM_VERSION" || pip install "vllm==$VLLM_VERSION" ${override[@]+"${override[@]}"}
   pip install -e .
   # uv installs vLLM's wheels at once, and cuda-python 12.6.2.post1's wheel carries a cuda/bindings/ of its own
   # that can replace files of cuda-bindings 13 (`import flashinfer` then fails; a build exits 35 and says so,
@@ -62,9 +79,9 @@ else
   # vLLM requirements the gated-delta-net layer (layers/mamba/gdn/qwen_gdn_linear_attn.py) imports: einops, and
   # compressed-tensors (through the quantization configs it checks), without deps, or it pulls another torch.
   installed compressed-tensors 0.17.0 || pip install --no-deps "compressed-tensors==0.17.0" "einops==0.8.2" loguru
-  # FlashInfer as vLLM 0.33 pins it, with --no-deps plus only what `import flashinfer.sampling` needs, so pip
+  # FlashInfer as the vLLM release pins it, with --no-deps plus only what `import flashinfer.sampling` needs, so pip
   # never swaps the torch above.
-  pip install --no-deps "flashinfer-python==${FLASHINFER_VERSION:-0.7.2.post1}" "apache-tvm-ffi==0.1.11" \
+  pip install --no-deps "flashinfer-python==$FLASHINFER_VERSION" "apache-tvm-ffi==0.1.11" \
     numpy nvidia-ml-py tqdm requests urllib3 idna certifi charset-normalizer
 fi
 
