@@ -29,6 +29,13 @@ What needs the device and is left out: ``standalone_compile`` (vLLM's ``Inductor
 every kernel, benchmarking those with several configs (``PythonWrapperCodegen.generate_and_run_autotune_block``).
 ``skip_compile_time_autotune`` skips it and keeps the block: those kernels keep all their configs and benchmark at
 their first launch on the GPU (no compile).
+
+Also needing the device, and deciding the generated code: vLLM turns on Inductor's ``combo_kernels`` and
+``benchmark_combo_kernel`` for CUDA (``CompilationConfig.__post_init__``), and Inductor's scheduler then times each
+candidate group of kernels against its combined kernel on the GPU to decide whether to combine them
+(``Scheduler.speedup_by_combo_kernel`` -> ``benchmark_fused_nodes`` -> ``rand_strided`` inputs on the device).
+``combine_without_benchmark`` answers as Inductor does with ``benchmark_combo_kernel`` off (combine) and records each
+group; where the GPU's timing would have said otherwise, the generated code differs (not the key or the config).
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ DRIVER_DEFINITIONS = {
                                   "{ *flags = 0; *active = 0; return 0; }",
 }
 SKIPPED_AUTOTUNE_BLOCKS: list[str] = []
+COMBO_DECISIONS: list[list[str]] = []
 
 Props = namedtuple("Props", "name major minor total_memory multi_processor_count warp_size "
                    "max_threads_per_multi_processor regs_per_multiprocessor shared_memory_per_block_optin "
@@ -186,7 +194,7 @@ def _no_cubin_load() -> None:
     from torch._inductor.runtime import static_triton_launcher
 
     def load_kernel(self, device):
-        if self.device_agnostic:
+        if getattr(self, "device_agnostic", False):  # torch 2.14; 2.11 has one module per kernel
             self.modules[device], self.functions[device] = 1, 1
             self.n_regs, self.n_spills = 0, 0
             return
@@ -222,3 +230,14 @@ def driver_symbols_of(package_dir: str | Path) -> tuple[str, ...]:
             if name.startswith("cu") and name[2:3].isupper():
                 names.add(name)
     return tuple(sorted(names))
+
+
+def combine_without_benchmark() -> None:
+    """See the module docstring; each group decided is kept in ``COMBO_DECISIONS`` (its nodes' names)."""
+    from torch._inductor.scheduler import Scheduler
+
+    def combine(self, nodes) -> bool:
+        COMBO_DECISIONS.append([node.get_name() for node in nodes])
+        return True
+
+    Scheduler.speedup_by_combo_kernel = combine

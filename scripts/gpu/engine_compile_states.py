@@ -153,6 +153,7 @@ def build(args, report: dict) -> None:
                          definitions=fake_cuda_runtime.DRIVER_DEFINITIONS)
     fake_cuda_runtime.install(args.capability, args.sm_count, args.product, args.memory)
     fake_cuda_runtime.skip_compile_time_autotune()
+    fake_cuda_runtime.combine_without_benchmark()
     count_triton()
     target_platform(args)
     import torch
@@ -178,6 +179,7 @@ def build(args, report: dict) -> None:
     saved = sorted(str(p) for p in Path(os.environ["VLLM_CACHE_ROOT"]).rglob("rank_*/model"))
     report["artifacts"] = saved
     report["autotune_blocks_skipped"] = len(fake_cuda_runtime.SKIPPED_AUTOTUNE_BLOCKS)
+    report["combo_groups_combined_unbenchmarked"] = fake_cuda_runtime.COMBO_DECISIONS
     if not saved:
         raise RuntimeError("vLLM saved no AOT artifact")
 
@@ -213,13 +215,13 @@ def run(args, report: dict) -> None:
     report["factors"] = hash_factors(config)
     report["device"] = torch.cuda.get_device_name(0)
     single_rank()
+    from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
     from vllm.model_executor.model_loader.utils import initialize_model
-    from vllm.model_executor.model_loader.weight_utils import initialize_dummy_weights
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     with set_default_torch_dtype(config.model_config.dtype), torch.device("cuda"):
         model = initialize_model(config)
-    initialize_dummy_weights(model, config.model_config, seed=1234)
+    DummyModelLoader(config.load_config).load_weights(model, config.model_config)  # seeded (1234) per tensor
     generator = torch.Generator(device="cuda").manual_seed(7)
     vocab = config.model_config.get_vocab_size()
     ids = torch.randint(0, vocab, (args.tokens,), device="cuda", generator=generator)

@@ -2,8 +2,9 @@
 # Prepare the carry of scripts/gpu/h100_engine_compile.sh (issue 39): vLLM 0.33.0's pure-Python tree and the
 # pure-Python/cp312 packages its engine-config and model path import that the device image (Python 3.12, torch
 # 2.11, Triton 3.6, transformers, numpy; no vLLM) lacks, copied from the lab venv (.venv-lab: the same vLLM 0.33.0
-# wheel, installed), every .so of vLLM itself, vllm-rs and C/C++/CUDA sources left out.
-# Output: .carry/c39/vllm-tree.tar.xz (git-ignored, about 20 MB) and the tiny and 8B model configs.
+# wheel, installed), every .so of vLLM itself, vllm-rs and C/C++/CUDA sources left out. The package list is what
+# the engine-config, model and compile path imports from the lab venv beyond the image's torch/transformers stack.
+# Output: .carry/c39/vllm-tree.tar.xz (git-ignored, about 25 MB).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 site=${SITE:-.venv-lab/lib/python3.12/site-packages}
@@ -21,11 +22,13 @@ for p in zmq pyzmq.libs pyzmq-27.3.0.dist-info cbor2 cbor2-6.3.0.dist-info msgsp
   openai_harmony-0.0.8.dist-info fastapi fastapi-0.136.3.dist-info starlette starlette-1.10.0.dist-info \
   partial_json_parser partial_json_parser-0.2.1.1.post7.dist-info xgrammar xgrammar-0.2.8.dist-info tvm_ffi \
   apache_tvm_ffi-0.1.11.dist-info llguidance llguidance-1.7.6.dist-info zstandard zstandard-0.25.0.dist-info einops \
-  einops-0.8.2.dist-info compressed_tensors compressed_tensors-0.17.0.dist-info loguru loguru-0.7.3.dist-info; do
+  einops-0.8.2.dist-info compressed_tensors compressed_tensors-0.17.0.dist-info loguru loguru-0.7.3.dist-info \
+  annotated_doc annotated_doc-0.0.7.dist-info httpx2 httpx2-2.17.0.dist-info httpcore2 httpcore2-2.17.0.dist-info h11 \
+  h11-0.16.0.dist-info cloudpickle cloudpickle-3.1.3.dist-info cpuinfo py_cpuinfo-9.0.0.dist-info prometheus_client \
+  prometheus_client-0.26.0.dist-info truststore truststore-0.10.5.dist-info uvloop uvloop-0.23.0.dist-info; do
   cp -a "$site/$p" "$work/tree/site/"
 done
 find "$work/tree/site" -name '__pycache__' -prune -exec rm -rf {} +
 tar -C "$work/tree" -cJf "$out/vllm-tree.tar.xz" vllm site
-cp -r examples/engine-compile/* "$out/" 2>/dev/null || true
 ls -la "$out"
 rm -rf "$work"
