@@ -38,6 +38,7 @@ from kernelcache.exercise import fake_cuda_runtime, fake_target
 fake_target.activate(90, 132, stub_dir=sys.argv[2], definitions=fake_cuda_runtime.DRIVER_DEFINITIONS)
 fake_cuda_runtime.install(90, 132, {PRODUCT!r}, 85520809984)
 fake_cuda_runtime.skip_compile_time_autotune()
+fake_cuda_runtime.combine_without_benchmark()
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -53,7 +54,10 @@ with FakeTensorMode(allow_non_fake_inputs=True):
     x = torch.empty(64, 256, dtype=torch.bfloat16, device="cuda")
     w = torch.empty(256, dtype=torch.bfloat16, device="cuda")
 torch._dynamo.mark_dynamic(x, 0)
-compiled = torch.compile(f, fullgraph=True).aot_compile(((x, w), {}))
+import contextlib
+aot = getattr(torch._dynamo.config, "enable_aot_compile", None)  # torch 2.11 (vLLM's wrapper patches it the same way)
+with torch._dynamo.config.patch(enable_aot_compile=True) if aot is not None else contextlib.nullcontext():
+    compiled = torch.compile(f, fullgraph=True).aot_compile(((x, w), {}))
 compiled.save_compiled_function(sys.argv[1])
 """
 
