@@ -108,6 +108,12 @@ class ArchMismatch(FingerprintMismatch):
     exit_code = 21
 
 
+class ServeMismatch(KernelcacheError):
+    """``run --strict``: the served command differs from the bundle's in a flag that changes kernel keys."""
+
+    exit_code = 22
+
+
 class MissingDependency(KernelcacheError):
     """A package the command needs (triton, vllm, flashinfer, oras) is not importable."""
 
@@ -130,6 +136,12 @@ class ToolchainUnavailable(MissingDependency):
     """The CUDA toolchain that builds FlashInfer's module could not be obtained (no network, no disk)."""
 
     exit_code = 33
+
+
+class UnknownArchitecture(KernelcacheError):
+    """The serve command's model is an architecture the installed vLLM does not know."""
+
+    exit_code = 35
 
 
 class StorageError(KernelcacheError):
