@@ -55,6 +55,7 @@ from .format.manifest import (
 )
 from .format.manifest import identity_record as manifest_identity
 from .harvest import harvest
+from .plan import families
 from .plan.gpus import GpuProfile, visible_gpus
 from .plan.recipe import BuildPlan, PlanOverrides, load, serve_request
 from .plan.serve import ServeConfig
@@ -175,6 +176,8 @@ def planned(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanO
             raise RecipeError(f"{base.source}: its serve command needs the model's config")
         return base.override(given)
     plan = base.override(PlanOverrides(gpus=given.gpus))
+    if recipe is None:  # no recipe: every family the served model needs (plan/families/: each one's default)
+        plan = replace(plan, paths=families.names())
     profiles = plan.for_arch(capability_to_arch(flag_capability(arch)))
     if not profiles:
         return plan  # plan_targets says the arch has no profile

@@ -177,17 +177,25 @@ def target_platform() -> Any:
 
 def _parse(args: list[str]) -> Any:
     """``vllm serve ARGS`` through vLLM's own parser and checks; argparse exits 2 with vLLM's message."""
-    from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = FlexibleArgumentParser(prog="vllm")
-    serve = ServeSubcommand()
-    serve.subparser_init(parser.add_subparsers(dest="subparser"))
-    parsed = parser.parse_args(["serve", *args])
+    try:
+        from vllm.entrypoints.cli.serve import ServeSubcommand
+    except ImportError:  # the server's own modules need its HTTP stack (uvicorn, ...): the same parser without them
+        from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+
+        parsed = make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(args)
+        validate = validate_parsed_serve_args
+    else:
+        parser = FlexibleArgumentParser(prog="vllm")
+        serve = ServeSubcommand()
+        serve.subparser_init(parser.add_subparsers(dest="subparser"))
+        parsed = parser.parse_args(["serve", *args])
+        validate = serve.validate
     if getattr(parsed, "model_tag", None):  # ServeSubcommand.cmd: the positional model wins
         parsed.model = parsed.model_tag
     try:
-        serve.validate(parsed)
+        validate(parsed)
     except (ValueError, TypeError) as exc:
         print(f"vllm serve: error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
@@ -232,9 +240,15 @@ def configure(args: list[str], profile: dict, shown: str) -> dict:
 
 
 def _refuse(exc: Exception) -> None:
+    import re
+
+    import vllm
+
     text = " ".join(str(exc).split())
-    if "are not supported" in text or "not supported for now" in text:
-        print(f"the model's architecture is not one the installed vLLM knows: {text[:400]}", file=sys.stderr)
+    unknown = re.search(r"architectures? (\[[^\]]*\]) (?:are|is) not supported", text)
+    if unknown:
+        print(f"the model's architecture {unknown.group(1)} is not one the installed vllm {vllm.__version__} knows "
+              f"(ModelConfig refused it); nothing was built", file=sys.stderr)
         raise SystemExit(EXIT_ARCHITECTURE) from None
     print(f"vllm serve: error: {text[:600]}", file=sys.stderr)
     raise SystemExit(EXIT_USAGE) from None

@@ -179,7 +179,7 @@ class BuildPlan:
         if self.paths != families.names():  # the recipe named its paths
             _check_spec_decode(plan.paths, plan.num_speculative_tokens, self.source or "serve command")
         else:
-            plan = replace(plan, paths=tuple(p for p in plan.paths if families.get(p).default(plan)))
+            plan = replace(plan, paths=tuple(p for p in plan.paths if _wanted(families.get(p), plan)))
         _check_families(plan, config.command)
         return plan
 
@@ -380,6 +380,11 @@ def _vocabs(entries: Any, model: ModelSpec | None, where: str) -> tuple[Vocab, .
 def _model_dtypes(model: ModelSpec) -> tuple[str, ...]:
     """fp32 (the processed sampler paths) and the dtype the model serves in."""
     return tuple(dict.fromkeys(("float32", model.dtype)))
+
+
+def _wanted(family, plan: BuildPlan) -> bool:
+    """Whether a plan that names no paths gets ``family``: its default, and drafts where it needs them."""
+    return family.default(plan) and (plan.num_speculative_tokens > 0 or not family.needs_drafts)
 
 
 def _check_spec_decode(paths: tuple[str, ...], num_speculative_tokens: int, where: str) -> None:
