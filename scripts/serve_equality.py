@@ -28,7 +28,8 @@ MODELS = {  # name: (hub id, its config.json, the paths both builds take)
                                  ROOT / "tests/data/models/Mistral-7B-Instruct-v0.3/config.json", ("mrv2", "runner")),
     "Qwen3-30B-A3B": ("Qwen/Qwen3-30B-A3B", CONFIGS / "Qwen--Qwen3-30B-A3B.json", ("mrv2", "runner", "moe")),
     "Qwen3-Next-80B-A3B-Instruct": ("Qwen/Qwen3-Next-80B-A3B-Instruct",
-                                    CONFIGS / "Qwen--Qwen3-Next-80B-A3B-Instruct.json", ("mrv2", "runner", "moe", "gdn")),
+                                    CONFIGS / "Qwen--Qwen3-Next-80B-A3B-Instruct.json",
+                                    ("mrv2", "runner", "moe", "gdn")),
 }
 VLLM_KEYS = ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "tensor_parallel_size", "block_size",
              "kv_cache_dtype", "gdn_prefill_backend")
