@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -59,8 +60,9 @@ from .plan import families
 from .plan.gpus import GpuProfile, visible_gpus
 from .plan.recipe import BuildPlan, PlanOverrides, load, serve_request
 from .plan.serve import ServeConfig
-from .plan.targets import BuildTarget, check_paths, plan_targets
+from .plan.targets import BuildTarget, plan_targets
 from .plan.tasks import Task
+from .preflight import preflight
 from .version import __version__
 
 
@@ -124,18 +126,15 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
     signer = load_signing_key(sign) if sign is not None else None
     there = _load_target_env(target_env)
     plan = planned(arch, recipe, overrides or PlanOverrides(**flags))
-    check_paths(plan)
     cache = resolve_build_cache(build_cache)
     targets = plan_targets(plan, arch, mode, visible_gpus() if mode != "cross" else [])
     if there is not None:
         check_target_env(plan, targets, there, str(target_env), bool(extra_tasks or from_misses))
     check_build_cache(cache)
-    if {"flashinfer", "flashinfer_attention"} & set(plan.paths) and any(t.mode == "cross" for t in targets):
-        from .exercise.flashinfer import ensure_toolchain
-
-        ensure_toolchain()  # before the Triton compiles: a missing toolchain fails in seconds, not minutes
+    preflight(plan, targets)  # before the Triton compiles: a broken environment fails in seconds, not minutes
     jobs = jobs or os.cpu_count() or 1
     out = Path(output_dir)
+    made = _made_dirs(out)
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="kernelcache-build-"))
     keep = workdir is not None
@@ -154,8 +153,10 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
 
     try:
         results = _each_target(targets, one, jobs, records)
-    except BuildFailed:
-        keep = True  # its message points at logs in the scratch dir: leave them to be read
+    except BaseException as exc:
+        _remove_empty(made)
+        if isinstance(exc, BuildFailed) and not keep:  # the logs it names outlive the scratch dir, in one file
+            raise BuildFailed(keep_logs(str(exc), scratch)) from None
         raise
     finally:
         if not keep:
@@ -198,6 +199,45 @@ def _agreed(configs: dict[str, ServeConfig]) -> ServeConfig:
             raise UsageError(f"vLLM configures {first_name} and {name} differently for this command ({what}): build "
                              f"them with separate --gpu, or set the flag in the serve command")
     return first
+
+
+def _made_dirs(out: Path) -> list[Path]:
+    """The directories ``out.mkdir(parents=True)`` is about to create, deepest first."""
+    made = []
+    for folder in (out.absolute(), *out.absolute().parents):
+        if folder.exists():
+            break
+        made.append(folder)
+    return made
+
+
+def _remove_empty(made: list[Path]) -> None:
+    """A failed build leaves no output dir it created and left empty."""
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:
+            return  # not empty (a bundle of another target was written), or gone
+
+
+def keep_logs(message: str, scratch: Path) -> str:
+    """``message`` with each file of ``scratch`` it names copied into one log file beside the scratch dir
+    (``kernelcache-build-*.log``), and named instead: the scratch dir itself (the caches the exercise processes
+    compiled into, tens of MB) goes."""
+    named = sorted(set(re.findall(re.escape(str(scratch)) + r"[^\s()]*[^\s().,;:]", message)))
+    named = [p for p in named if os.path.isfile(p)]
+    if not named:
+        return message
+    log = scratch.with_name(f"{scratch.name}.log")
+    try:
+        with open(log, "w", encoding="utf-8") as handle:
+            for path in named:
+                handle.write(f"==> {path} <==\n{Path(path).read_text(encoding='utf-8', errors='replace')}\n")
+    except OSError:
+        return message
+    for path in sorted(named, key=len, reverse=True):  # a longer name first: job.json.result before job.json
+        message = message.replace(path, f"{log} ({os.path.relpath(path, scratch)})")
+    return message
 
 
 def _each_target(targets: list[BuildTarget], one: Callable[..., TargetResult], jobs: int,
@@ -403,12 +443,14 @@ def flashinfer_attention_modules(results: tuple[WorkerResult, ...], target: Buil
     ``reason``)."""
     from .exercise import flashinfer as fi_build
 
-    cuda = fi_build.ensure_toolchain().cuda if target.mode == "cross" else ""
     modules: dict[str, tuple] = {}
     left_out: dict[str, str] = {}
+    cuda = None  # the toolchain's CUDA version, asked only for a module to take: a plan without one fetches none
     for task in (t for r in results for t in r.tasks if t.label == "flashinfer_attention" and t.ok):
         summary = task.summary if isinstance(task.summary, dict) else {}
         for name, built in (summary.get("built") or {}).items():
+            if cuda is None:
+                cuda = fi_build.ensure_toolchain().cuda if target.mode == "cross" else ""
             if name not in modules:
                 modules[name] = fi_build.take_module(Path(built["library"]), target.arch, cuda,
                                                      tuple(built.get("sources") or ()), built.get("sources_sha256"))

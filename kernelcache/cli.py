@@ -35,7 +35,11 @@ class LazyConsole:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(stderr=self._stderr, highlight=False, soft_wrap=True)
+            class Quiet(Console):
+                def on_broken_pipe(self) -> None:  # rich's exits 1
+                    closed_pipe()
+
+            self._console = Quiet(stderr=self._stderr, highlight=False, soft_wrap=True)
         return self._console
 
 
@@ -49,10 +53,45 @@ def _table(**options: Any):
     return Table(**options)
 
 
+def show(table: Any, console: LazyConsole = out) -> None:
+    """A rich table on a terminal wide enough for every row on one line; else (piped, logged, narrow) one plain row
+    per item, cells whole, in columns two spaces apart, as ``pip list`` and ``docker images`` print: a script, a
+    log or ``ls | grep NAME`` reads each name whole."""
+    from rich.measure import Measurement
+
+    unbounded = console.options.update_width(1 << 20)  # the width every row takes on one line
+    if console.is_terminal and Measurement.get(console.console(), unbounded, table).maximum <= console.width:
+        console.print(table)
+        return
+    for line in plain_rows(table):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def plain_rows(table: Any) -> list[str]:
+    """The title, the header (where the table shows one) and each row of a rich table, as plain text lines."""
+    from rich.text import Text
+
+    def plain(cell: Any) -> str:
+        text = cell.plain if isinstance(cell, Text) else Text.from_markup(str(cell)).plain
+        return " ".join(text.split())
+
+    columns = [[plain(c.header), *map(plain, c.cells)] for c in table.columns]
+    if not columns:
+        return []
+    rows = list(zip(*columns, strict=True))[0 if table.show_header else 1:]
+    widths = [max(map(len, column)) for column in columns]
+    lines = ["  ".join(cell.ljust(w) if c.justify != "right" else cell.rjust(w)
+                       for cell, w, c in zip(row, widths, table.columns, strict=True)).rstrip() for row in rows]
+    title = plain(table.title) if table.title else ""
+    return [title, *lines] if title else lines
+
+
 class Group(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            closed_pipe()
         except (KernelcacheError, OSError) as exc:
             fail(exc)
         except KeyboardInterrupt:
@@ -68,6 +107,14 @@ def fail(exc: KernelcacheError | OSError) -> None:
         where = f"{exc.filename}: " if exc.filename else ""
         exc = StorageError(f"{where}{exc.strerror or exc}")
     _fail(exc)
+
+
+def closed_pipe() -> None:
+    """Whoever read stdout stopped reading (``inspect B | head -1``): what was asked for is done, so exit 0 and say
+    nothing, as ``git log | head -1`` leaves the pipeline's status to its reader; stdout goes to /dev/null first, so
+    the interpreter's last flush of the closed pipe raises nothing."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(0)
 
 
 def _terminate_cleanly() -> None:
@@ -94,7 +141,7 @@ def _differences_table(rows: list[tuple[str, str, str]]) -> None:
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*(Text(cell) for cell in row))  # plain text: "ptxas[sm_90]" is not markup
-    err.print(table)
+    show(table, err)
 
 
 def _json(data) -> None:
@@ -298,7 +345,7 @@ def inspect(bundle: str, as_json: bool) -> None:
         table.add_column(column, justify=justify)
     for k in info.kernels:
         table.add_row(k.name, str(k.variants), ",".join(map(str, k.num_warps)), human_size(k.size))
-    out.print(table)
+    show(table)
     modules = ", ".join(f"{n} {kind}" for kind, n in sorted(info.module_counts.items())) or "none"
     out.print(f"prebuilt modules: {modules}")
     for fi in m.flashinfer:
@@ -479,7 +526,7 @@ def _render_listing(listing) -> None:
         table.add_row(Text(b.name), b.digest[:12], " ".join(filter(None, (b.arch, b.gpu))), matches, str(b.kernels),
                       Text(_tuned(b)), b.size_on_disk_str, human_size(b.exclusive_size), _when(b.installed_at),
                       _when(b.last_served), Text(shared), Text(_signer(b.signature)))
-    out.print(table)
+    show(table)
     for b in listing.bundles:
         if b.serve:
             out.print(f"{b.name}: built for {b.serve} (vLLM config hash {b.config_hash})", markup=False)
@@ -685,7 +732,7 @@ def _build_summary(target) -> None:
     for name, cov in target.coverage.items():
         table.add_row(name, str(cov["variants"]), ", ".join(f"{p} {n}" for p, n in cov["by_path"].items()))
     if target.coverage:
-        out.print(table)
+        show(table)
     first = target.bundles[0].manifest
     flashinfer = "".join(f", FlashInfer {m.name} ({' '.join(m.archs)})" for m in first.flashinfer)
     out.print(f"{len(first.kernels)} kernels, {len(first.modules)} prebuilt modules{flashinfer}; {target.compiles} "
@@ -740,7 +787,7 @@ def fingerprint(archs: tuple[str, ...], as_json: bool) -> None:
              ("GPUs", ", ".join(f"{g.name} ({g.arch}, {g.sm_count} SMs)" for g in found.gpus) or "none visible")]
     for name, value in rows:
         table.add_row(Text(name), Text(value))  # plain text: "ptxas[sm_90]" is not markup
-    out.print(table)
+    show(table)
 
 
 def _release_line(ptxas: str) -> str:
@@ -759,7 +806,7 @@ def gpus() -> None:
         table.add_column(column)
     for p in PROFILES.values():
         table.add_row(p.name, p.arch, str(p.sm_count), p.product)
-    out.print(table)
+    show(table)
 
 
 @main.command()
@@ -778,7 +825,7 @@ def recipes(as_json: bool) -> None:
         table.add_column(column, overflow="fold")
     for r in found.recipes:
         table.add_row(r.name, r.model or "-", " ".join(map(str, r.vocabs)), ", ".join(r.paths), ", ".join(r.gpus))
-    out.print(table)
+    show(table)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -828,7 +875,7 @@ def _verify_summary(report) -> None:
             table.add_column(column, justify="right" if column != "kernel" else "left")
         for k in report.kernels:
             table.add_row(k.name, str(k.calls), str(k.hits), f"[red]{k.compiles}[/red]" if k.compiles else "0")
-        out.print(table)
+        show(table)
     for check in report.flashinfer:
         state = "called" if check.called else "loaded" if check.loaded else "found" if check.found else "NOT FOUND"
         out.print(f"flashinfer {check.name} ({' '.join(check.archs)}): {state}"
@@ -956,7 +1003,7 @@ def _render_diff(result) -> None:
         for change in (*result.target, *result.environment):
             table.add_row(change.field + ("" if change.blocking else " (not in any key)"),
                           change.a or "(none)", change.b or "(none)")
-        out.print(table)
+        show(table)
     counts = ", ".join(f"{result.count(c)} {c}" for c in ("added", "removed", "changed"))
     out.print(f"kernel variants: {counts}; kernels only in B: {', '.join(result.kernels_added) or 'none'}; "
               f"only in A: {', '.join(result.kernels_removed) or 'none'}", markup=False)
@@ -967,7 +1014,7 @@ def _render_diff(result) -> None:
         marks = {"added": "+", "removed": "-", "changed": "~"}
         for entry in result.entries:
             table.add_row(marks[entry.change], entry.kind, entry.name, entry.key[:12], entry.detail)
-        out.print(table)
+        show(table)
 
 
 @main.command()

@@ -4,7 +4,8 @@
 work of a no-op install (~30 ms on 2 cores). This module recognises, with the standard library, exactly
 these forms and calls the same Python API the click commands call:
 
-* ``install BUNDLE [--cache-dir D] [--no-gpu-check] [--json] [--require-signature] [--trusted-key K]...``: of a
+* ``install BUNDLE [--cache-dir D] [--no-gpu-check] [--json] [--gpu G] [--arch A] [--require-signature]
+  [--trusted-key K]...``: of a
   bundle file this cache dir accepted before under what holds now, its signature policy included
   (cachedir/checked.py), the no-op answer, without the installer; else the
   install itself, as ``cli.install`` makes it (the same API call and output; its errors are said by
@@ -26,13 +27,13 @@ read, or finish an interrupted install, before they print or exec).
 
 from __future__ import annotations
 
-import json
 import sys
 
 # flag -> takes a value; the options each plain form accepts (all else goes to click).
 _SIGNATURE = {"--require-signature": False, "--trusted-key": True}
 _FORMS = {
-    "install": {"--cache-dir": True, "--no-gpu-check": False, "--json": False, **_SIGNATURE},
+    "install": {"--cache-dir": True, "--no-gpu-check": False, "--json": False, "--gpu": True, "--arch": True,
+                **_SIGNATURE},
     "env": {"--cache-dir": True, "--json": False},
     "run": {"--cache-dir": True, "--bundle": True, "--strict": False, **_SIGNATURE},
 }
@@ -124,9 +125,11 @@ def _install(options: dict, positionals: list[str]) -> bool:
 
     check_gpu = not options.get("--no-gpu-check")
     signature_policy = _policy(options)
-    found = find_checked(positionals[0], _root(options), check_gpu, signature_policy)
+    wanted = {"arch": options.get("--arch"), "gpu": options.get("--gpu")}  # what the bundle must be built for
+    found = find_checked(positionals[0], _root(options), check_gpu, signature_policy, **wanted)
     if found is None:
-        return _install_now(positionals[0], _root(options), check_gpu, bool(options.get("--json")), signature_policy)
+        return _install_now(positionals[0], _root(options), check_gpu, bool(options.get("--json")), signature_policy,
+                            **wanted)
     root, digest, warnings, signature, choices = found
     _render_install({"cache_dir": str(root), "digest": digest, "action": "already-installed", "written": 0,
                      "present": 0, "seconds": 0.0, "warnings": list(warnings), "signature": signature,
@@ -143,7 +146,8 @@ def _not_a_dir(root: str) -> bool:
     return os.path.exists(root) and not os.path.isdir(root)
 
 
-def _install_now(bundle: str, root: str, check_gpu: bool, as_json: bool, signature_policy) -> bool:
+def _install_now(bundle: str, root: str, check_gpu: bool, as_json: bool, signature_policy, arch: str | None = None,
+                 gpu: str | None = None) -> bool:
     """What ``cli.install`` does with these options, without click: the same API call, output and errors (an
     error is said by ``cli.fail``, which loads click then). False, for click, where the cache dir ``root`` is not a
     directory (``_not_a_dir``)."""
@@ -159,7 +163,7 @@ def _install_now(bundle: str, root: str, check_gpu: bool, as_json: bool, signatu
         from .install import install_into
 
         limits = Limits.from_env()  # as cli.make_limits, with no --max-* flags
-        result = install_into(bundle, CacheDir(Path(root)), check_gpu=check_gpu, limits=limits,
+        result = install_into(bundle, CacheDir(Path(root)), check_gpu=check_gpu, limits=limits, arch=arch, gpu=gpu,
                               signature_policy=signature_policy, asked=True).to_dict()
     except (KernelcacheError, OSError) as exc:
         from .cli import fail
@@ -178,6 +182,8 @@ def _render_install(result: dict, as_json: bool) -> None:
         print(f"warning: {warning}", file=sys.stderr)
     tuned = "; autotune choices installed" if result.get("choices") == "installed" else ""
     if as_json:
+        import json
+
         print(json.dumps({k: v for k, v in result.items() if k != "warnings"}, indent=1))
     elif result["action"] == "already-installed":
         print(f"already installed in {result['cache_dir']} (digest {result['digest'][:16]}){signed}{tuned}")
@@ -200,6 +206,8 @@ def _env(options: dict, positionals: list[str]) -> bool:
             print(f"warning: {warning}", file=sys.stderr)
         variables = found.variables
     if options.get("--json"):
+        import json
+
         print(json.dumps(variables, indent=1))
     else:
         from .runtime.shell import shell_exports

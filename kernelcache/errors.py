@@ -126,6 +126,12 @@ class PathUnavailable(KernelcacheError):
     exit_code = 31
 
 
+class ReleaseUnsupported(KernelcacheError):
+    """The installed vLLM is a release kernelcache does not build for, or one that lacks a path the plan asks for."""
+
+    exit_code = 36
+
+
 class AlreadyActivated(KernelcacheError):
     """Triton already fixed its cache dir in this process; activate() came too late."""
 
@@ -138,10 +144,23 @@ class ToolchainUnavailable(MissingDependency):
     exit_code = 33
 
 
+class ImportFailed(MissingDependency):
+    """A package the build needs is installed but does not import here (the error it raised is named)."""
+
+    exit_code = 34
+
+
+class PackageClash(MissingDependency):
+    """Two installed packages wrote the same files and the later one's copy replaced the other's (cuda-python
+    12.6's ``cuda/bindings`` over cuda-bindings 13's): the package that owns them fails to import."""
+
+    exit_code = 35
+
+
 class UnknownArchitecture(KernelcacheError):
     """The serve command's model is an architecture the installed vLLM does not know."""
 
-    exit_code = 35
+    exit_code = 37
 
 
 class StorageError(KernelcacheError):

@@ -145,6 +145,8 @@ class InstallPlan:
             self._keep_fingerprint(cache)
             return InstallResult(self.cache_dir, self.digest, "already-installed", seconds=0.0, warnings=warnings,
                                  signature=self.signature, choices=self.choices_state)
+        # What a refused install removes again: the dirs it is about to create, deepest first.
+        made = [d for d in (cache.state, *cache.state.parents) if not d.exists()]
         cache.ensure_state()
         try:
             with cache.locked():
@@ -157,8 +159,11 @@ class InstallPlan:
                 written, present = _install_locked(self, cache)
                 if self.manifest.flashinfer:
                     write_site(self.cache_dir)  # FlashInfer's provider registration, while the dir is writable
-        except OSError as exc:
-            raise StorageError(f"cannot install into {self.cache_dir}: {exc.strerror or exc}") from None
+        except BaseException as exc:
+            remove_skeleton(cache, made)
+            if isinstance(exc, OSError):
+                raise StorageError(f"cannot install into {self.cache_dir}: {exc.strerror or exc}") from None
+            raise
         self._keep_fingerprint(cache)  # only once installed: a bundle refused while extracting leaves nothing
         return InstallResult(self.cache_dir, self.digest, "installed", written, present,
                              time.perf_counter() - started, warnings, self.signature, self.choices_state)
@@ -174,10 +179,28 @@ class InstallPlan:
         it (cachedir/checked.py). A forced install is never kept: it is checked, and said loudly, every time."""
         if self.blocking or self.checked_under is None or self.identity is None:
             return
+        from .remote import fits
+
         files = [f.path for f in self.manifest.files(self.choices)]
         signed = (self.signature_identity, self.signature.to_dict() if self.signature is not None else None)
         remember_checked(CacheDir(self.cache_dir), self.bundle, self.identity, self.digest, files,
-                         self.checked_under, self.gpu, self.check(), signed, self.choices_state)
+                         self.checked_under, self.gpu, self.check(), signed, self.choices_state, fits(self.manifest))
+
+
+def remove_skeleton(cache: CacheDir, made: list[Path]) -> None:
+    """After a refused install into a cache dir it created (``made``: the state dir, then the cache dir, those that
+    were absent): remove them again while they hold nothing but the empty state skeleton (the lock file, empty
+    ``staging``, ``installed`` and ``journal`` dirs). A journal that stays (publishing began) keeps everything."""
+    if cache.state not in made:
+        return
+    for sub in ("staging", "installed", "journal"):
+        with contextlib.suppress(OSError):
+            (cache.state / sub).rmdir()
+    with contextlib.suppress(OSError):
+        (cache.state / "lock").unlink()
+    for folder in made:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty: anything another process wrote meanwhile stays
 
 
 def plan_install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,
@@ -208,9 +231,11 @@ def plan_install_at(bundle: str | os.PathLike, cache: CacheDir, force: bool = Fa
             raise SignatureMismatch(f"{path.name}: its signature names bundle {signature.digest[:16]}…, and the file "
                                     f"now holds {digest[:16]}… (it changed while it was read)")
         plan = plan_install_manifest(path, manifest, root, force, check_gpu, lim, probe, digest)
-        if plan.blocking and not force:
-            # Only the manifest was read: a damaged file whose manifest still parses must be refused as
-            # damaged, not as built for another environment. (An accepted bundle is checked by extracting it.)
+        if (plan.blocking and not force) or plan.already_installed:
+            # Only the manifest was read: a damaged file whose manifest still parses must be refused as damaged,
+            # not as built for another environment, nor answered "already installed" because a good copy was
+            # (its record then answers the next no-op of this file unread). An accepted bundle is checked by
+            # extracting it.
             for _ in archive.iter_members(path, lim):
                 pass
         return replace(plan, gpu=witness, identity=identity, signature=signature,
@@ -337,18 +362,18 @@ def install_into(bundle: str | os.PathLike, cache: CacheDir, force: bool = False
 
     source: str | os.PathLike = bundle
     signature = None
+    check_wanted(arch, gpu)  # a bad or unknown arch / gpu fails before any bundle is read or the registry asked
     if str(bundle).startswith("oci://"):
         from .remote.oci import resolve_bundle
 
-        check_wanted(arch, gpu)  # a bad arch / gpu fails before the registry is asked
         digest, source, signature = resolve_bundle(str(bundle), arch, gpu, signature_policy)
         result = install_if_present(digest, cache, force, check_gpu, source=str(bundle),
                                     accept=lambda manifest: check_target(manifest, arch, gpu, str(bundle)),
                                     signature=signature)
         if result is not None:
             return result
-    if arch is None and gpu is None and limits is None and not asked:
-        found = find_checked(bundle, cache.root, check_gpu, signature_policy)
+    if limits is None and not asked:
+        found = find_checked(bundle, cache.root, check_gpu, signature_policy, arch, gpu)
         if found is not None:
             return InstallResult(Path(found.cache_dir), found.digest, "already-installed", warnings=found.warnings,
                                  signature=SignatureInfo.from_dict(found.signature), choices=found.choices)

@@ -10,6 +10,9 @@ refuses a bundle that has it: ``scripts/strip_identity.py`` writes one without t
 interleave the sources, so a load that changes during the run weighs on each alike. Scenarios:
 
 * ``noop-install``: ``install B`` into a cache dir that holds B (installed once before the runs);
+* ``noop-install-gpu``: ``install B --gpu G`` there, G the bundle's own GPU profile: the init container's form
+  (DEPLOYING.md), where no GPU is visible;
+* ``python``: ``python -c pass``, the interpreter's own start, which the no-op installs are compared with;
 * ``env``: ``env --cache-dir D``;
 * ``cold-install``: ``install B`` into a fresh cache dir: extraction, publishing and the first
   fingerprint (libtriton.so is in the page cache after the first run);
@@ -51,7 +54,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SCENARIOS = ("noop-install", "env", "cold-install", "run", "run-bundle")
+SCENARIOS = ("python", "noop-install", "noop-install-gpu", "env", "cold-install", "run", "run-bundle")
 FLOOR = "unpack-floor"  # `zstd -dc B | tar -x -C D`: the same bytes and files, no checks, no Python
 
 
@@ -88,6 +91,7 @@ class Source:
         self.env["PYTHONPATH"] = os.pathsep.join([str(root), *path])
         self.installed = self.work / "installed"
         self.cold = 0
+        self.gpu = ""
 
     def kc(self, *args: str) -> list[str]:
         return [self.python, "-m", "kernelcache", *args]
@@ -101,6 +105,10 @@ class Source:
         shutil.rmtree(self.work, ignore_errors=True)
         self.work.mkdir(parents=True)
         timed(self.kc("install", str(self.bundle), "--cache-dir", str(self.installed)), self.env)
+        shown = subprocess.run(self.kc("inspect", "--json", str(self.bundle)), env=self.env, capture_output=True,
+                               text=True, check=True, cwd=quiet_dir())
+        self.gpu = json.loads(shown.stdout)["target"]["gpu"]
+        timed(self.argv("noop-install-gpu"), self.env)  # its first run checks the bundle; the record answers after
 
     def imported(self) -> list[str]:
         """The files of the installed packages the pod-start commands import (click, filelock, zstandard...)."""
@@ -113,8 +121,12 @@ class Source:
 
     def argv(self, scenario: str) -> list[str]:
         installed = str(self.installed)
+        if scenario == "python":
+            return [self.python, "-c", "pass"]
         if scenario == "noop-install":
             return self.kc("install", str(self.bundle), "--cache-dir", installed)
+        if scenario == "noop-install-gpu":
+            return self.kc("install", str(self.bundle), "--gpu", self.gpu, "--cache-dir", installed)
         if scenario == "env":
             return self.kc("env", "--cache-dir", installed)
         if scenario == "cold-install":

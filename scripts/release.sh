@@ -6,19 +6,14 @@
 # modes and owners), and SOURCE_DATE_EPOCH is the commit's time (every time stamp in both archives), so two builds
 # of one commit give the same bytes. Prints each artifact's sha256.
 # KERNELCACHE_RELEASE_TREE=worktree builds the working tree as it is instead (what the tests install while code is
-# being changed; never a release). Needs git, Python 3.12 (PYTHON=, else uv finds one) and uv (build/uv, which
-# scripts/setup.sh installs, or UV=).
+# being changed; never a release). Needs git and Python 3.12 (PYTHON=, else found as scripts/setup.sh finds it);
+# it gets uv itself into build/uv (or takes UV=), as setup.sh does: scripts/uv.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(realpath -m "${1:-dist}")
-UV=${UV:-build/uv/bin/uv}
-if ! [ -x "$UV" ]; then
-  echo "release: no uv at $UV (scripts/setup.sh installs it; or set UV=)" >&2
-  exit 2
-fi
+source scripts/uv.sh
+PY312=$(python312)
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct HEAD)}
-export UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1
-unset UV_INDEX_URL UV_EXTRA_INDEX_URL UV_FIND_LINKS UV_CONSTRAINT UV_INDEX UV_DEFAULT_INDEX
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -33,7 +28,7 @@ else
   git archive --format=tar HEAD | tar -x -C "$source"
 fi
 mkdir -p "$out"
-"$UV" build -q --python "${PYTHON:-3.12}" --build-constraints scripts/release-constraints.txt --out-dir "$tmp/dist" "$source"
+"$UV" build -q --python "$PY312" --build-constraints scripts/release-constraints.txt --out-dir "$tmp/dist" "$source"
 for artifact in "$tmp"/dist/kernelcache-*.tar.gz "$tmp"/dist/kernelcache-*.whl; do
   mv -f "$artifact" "$out/"
   sha256sum "$out/$(basename "$artifact")"

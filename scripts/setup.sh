@@ -7,32 +7,38 @@
 #                                       0.7.2.post1. Bundles built here install in vLLM 0.33 images.
 #   STACK=lab                .venv-lab  Python 3.12 + triton 3.6.0 + torch 2.11.0 (the torch release that pins
 #                                       triton==3.6.0; the GPU machine's stack), vLLM 0.33.0's pure-Python code.
+# VLLM_VERSION=0.34.0 picks the other supported release (kernelcache/plan/releases.py): the serving venv is then
+# .venv-0.34 (.venv-lab-0.34 for the lab stack). vLLM 0.34.0 pins flashinfer-python==0.7.3, which the public index
+# never had (0.7.4 is there, same API); scripts/vllm-overrides/<version>.txt swaps such pins, as a user does with
+# `uv pip install vllm==0.34.0 --override overrides.txt` (pip has no override; there: `pip install vllm==0.34.0
+# --no-deps` after `pip install flashinfer-python==0.7.4` and the rest of vLLM's requirements).
 # Idempotent: re-running only installs what is missing. Override with PYTHON= (a 3.12 interpreter), VENV=.
 # KERNELCACHE_SETUP_DEV=0 skips the test tools (linters, registry) for a build-only venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STACK=${STACK:-serving}
+VLLM_VERSION=${VLLM_VERSION:-0.33.0}
+# 0.33.0 keeps the venv names every script and test knows; another release gets its own (.venv-0.34).
+suffix=""
+[ "$VLLM_VERSION" = 0.33.0 ] || suffix="-${VLLM_VERSION%.*}"
 case "$STACK" in
-  serving) VENV=${VENV:-.venv} ;;
-  lab) VENV=${VENV:-.venv-lab} ;;
+  serving) VENV=${VENV:-.venv$suffix} ;;
+  lab) VENV=${VENV:-.venv-lab$suffix} ;;
   *) echo "setup: unknown STACK=$STACK (serving or lab)" >&2; exit 2 ;;
 esac
-VLLM_VERSION=${VLLM_VERSION:-0.33.0}
+# Pins of vLLM's the public index cannot satisfy, swapped for the nearest release there (uv --override).
+OVERRIDES=scripts/vllm-overrides/$VLLM_VERSION.txt
+override=()
+[ -f "$OVERRIDES" ] && override=(--override "$OVERRIDES")
+# FlashInfer as that vLLM release pins it (after the overrides): the lab stack installs it without deps.
+case "$VLLM_VERSION" in
+  0.34.*) FLASHINFER_VERSION=${FLASHINFER_VERSION:-0.7.4} ;;
+  *) FLASHINFER_VERSION=${FLASHINFER_VERSION:-0.7.2.post1} ;;
+esac
 
-# Resolve from the public index only: no machine-wide pip config (local wheel folders, constraints).
-export PIP_CONFIG_FILE=/dev/null
-unset PIP_FIND_LINKS PIP_CONSTRAINT PIP_NO_INDEX
-
-python312() {
-  if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"; return; fi
-  if python3.12 -c '' 2>/dev/null; then echo python3.12; return; fi
-  # pyenv keeps 3.12 out of PATH unless selected; pick its newest 3.12.
-  local version
-  version=$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12(\.|$)' | sort -V | tail -1 || true)
-  if [ -n "$version" ]; then echo "$(pyenv root)/versions/$version/bin/python3.12"; return; fi
-  echo "setup: no Python 3.12 found (vLLM's images run 3.12); set PYTHON=/path/to/python3.12" >&2
-  exit 2
-}
+# Python 3.12 and uv (build/uv), from the public index only: scripts/uv.sh, which scripts/release.sh shares.
+source scripts/uv.sh
+PY312=$(python312)
 
 # uv installs every venv from one cache by hard links: the two serving venvs share every file and the lab venv
 # shares each wheel of the same version (vllm, flashinfer, some nvidia-* libraries), so three venvs cost about
@@ -41,24 +47,24 @@ python312() {
 # flashinfer; only cuda-python differs). Its own binary comes from PyPI too, into build/uv.
 # The cache sits in build/ (the venvs' file system: hard links cannot cross one) unless UV_CACHE_DIR says otherwise.
 export UV_CACHE_DIR=${UV_CACHE_DIR:-$PWD/build/uv-cache}
-export UV_LINK_MODE=hardlink UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1
-unset UV_INDEX_URL UV_EXTRA_INDEX_URL UV_FIND_LINKS UV_CONSTRAINT UV_INDEX UV_DEFAULT_INDEX
-UV=build/uv/bin/uv
-if ! [ -x "$UV" ]; then  # into a temporary dir, then one rename: two set-ups at once (scripts/test.sh) don't clash
-  mkdir -p build
-  tmp=$(mktemp -d build/uv.XXXXXX)
-  PIP_ROOT_USER_ACTION=ignore "$(python312)" -m pip install -q --disable-pip-version-check --target "$tmp" "uv>=0.9,<1"
-  mv -T "$tmp" build/uv 2>/dev/null || rm -rf "$tmp"
-fi
+export UV_LINK_MODE=hardlink
 # --seed: pip inside the venv too (the FlashInfer toolchain and the fingerprint tests run `python -m pip`).
-[ -x "$VENV/bin/python" ] || "$UV" venv -q --seed --python "$(python312)" "$VENV"
+[ -x "$VENV/bin/python" ] || "$UV" venv -q --seed --python "$PY312" "$VENV"
 pip() { "$UV" pip "$1" -q --python "$VENV/bin/python" "${@:2}"; }
 installed() { "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$2')" 2>/dev/null; }
 
 if [ "$STACK" = serving ]; then
   # Nothing pinned by us: whatever vLLM's own requirements resolve to is what its users serve with.
-  installed vllm "$VLLM_VERSION" || pip install "vllm==$VLLM_VERSION"
+  installed vllm "$VLLM_VERSION" || pip install "vllm==$VLLM_VERSION" ${override[@]+"${override[@]}"}
   pip install -e .
+  # uv installs vLLM's wheels at once, and cuda-python 12.6.2.post1's wheel carries a cuda/bindings/ of its own
+  # that can replace files of cuda-bindings 13 (`import flashinfer` then fails; a build exits 35 and says so,
+  # kernelcache/preflight.py). Reinstall cuda-bindings wherever that happened, so this venv never stays so.
+  clash=$("$VENV/bin/python" -c "from kernelcache.preflight import overwritten as o; r = o('cuda-bindings', 'cuda-python'); print(r[0].owner_version if r else '')")
+  if [ -n "$clash" ]; then
+    echo "setup: cuda-python overwrote cuda-bindings $clash's files; reinstalling cuda-bindings" >&2
+    pip install --reinstall-package cuda-bindings "cuda-bindings==$clash"
+  fi
 else
   installed triton 3.6.0 || pip install "torch==${TORCH_VERSION:-2.11.0}" "triton==3.6.0"
   pip install -e .
@@ -73,9 +79,9 @@ else
   # vLLM requirements the gated-delta-net layer (layers/mamba/gdn/qwen_gdn_linear_attn.py) imports: einops, and
   # compressed-tensors (through the quantization configs it checks), without deps, or it pulls another torch.
   installed compressed-tensors 0.17.0 || pip install --no-deps "compressed-tensors==0.17.0" "einops==0.8.2" loguru
-  # FlashInfer as vLLM 0.33 pins it, with --no-deps plus only what `import flashinfer.sampling` needs, so pip
+  # FlashInfer as the vLLM release pins it, with --no-deps plus only what `import flashinfer.sampling` needs, so pip
   # never swaps the torch above.
-  pip install --no-deps "flashinfer-python==${FLASHINFER_VERSION:-0.7.2.post1}" "apache-tvm-ffi==0.1.11" \
+  pip install --no-deps "flashinfer-python==$FLASHINFER_VERSION" "apache-tvm-ffi==0.1.11" \
     numpy nvidia-ml-py tqdm requests urllib3 idna certifi charset-normalizer
 fi
 

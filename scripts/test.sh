@@ -7,7 +7,9 @@
 #            tests/test_examples_run.py runs every example verbatim with the release wheel in fresh venvs made by
 #            uv from the same cache (build/uv-cache). The serving venvs are made in the background once the lab venv
 #            is set up (not beside it: two uv processes at once each download the wheels both stacks share, 1.5 GB
-#            twice), while the lab tests run; their log is build/serving-setup.log.
+#            twice), while the lab tests run; their log is build/serving-setup.log. .venv-0.34 (vLLM 0.34.0,
+#            VLLM_VERSION=0.34.0) beside .venv: tests/test_serving_releases.py builds and verifies every family on
+#            both releases.
 # Disk: uv hard-links every venv from one cache in build/, so the lab stack (with the FlashInfer toolchain) costs
 # about 7 GB and the serving stack about 6.5 GB more; the run stops at once, with one line, when build/'s file
 # system has less free.
@@ -55,7 +57,8 @@ if [ "$serving" = 1 ]; then
   # The build venv fetches FlashInfer's CUDA toolchain itself when it builds; the install venv needs none.
   ( rc=0
     { STACK=serving KERNELCACHE_SETUP_DEV=0 KERNELCACHE_SETUP_FLASHINFER=0 bash scripts/setup.sh \
-      && STACK=serving VENV=.venv-serve KERNELCACHE_SETUP_DEV=0 KERNELCACHE_SETUP_FLASHINFER=0 bash scripts/setup.sh
+      && STACK=serving VENV=.venv-serve KERNELCACHE_SETUP_DEV=0 KERNELCACHE_SETUP_FLASHINFER=0 bash scripts/setup.sh \
+      && STACK=serving VLLM_VERSION=0.34.0 KERNELCACHE_SETUP_DEV=0 KERNELCACHE_SETUP_FLASHINFER=0 bash scripts/setup.sh
     } > build/serving-setup.log 2>&1 || rc=$?
     echo "$rc" > build/serving-setup.rc ) &
 fi
@@ -69,8 +72,9 @@ serving_tests() {
     echo "test.sh: setting up the serving stack failed (build/serving-setup.log)"
     return 1
   fi
-  stamp "serving stack set up (.venv, .venv-serve)"
-  KERNELCACHE_SERVING_VENV=$PWD/.venv KERNELCACHE_SERVING_VENV2=$PWD/.venv-serve KERNELCACHE_REQUIRE_SERVING=1 \
+  stamp "serving stack set up (.venv, .venv-serve, .venv-0.34)"
+  KERNELCACHE_SERVING_VENV=$PWD/.venv KERNELCACHE_SERVING_VENV2=$PWD/.venv-serve \
+    KERNELCACHE_SERVING_VENV_034=$PWD/.venv-0.34 KERNELCACHE_REQUIRE_SERVING=1 \
     pytest_run serving -m serving "$@"
 }
 

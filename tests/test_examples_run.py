@@ -11,8 +11,10 @@ What stands in for what (nothing else of an example is changed):
   a bind mount of the build context maps to the context), and each container has a HOME and TMPDIR of its own.
 * The registry host: ghcr.io is the loopback registry (tests/helpers/servers.py) behind htpasswd auth; the GitHub
   context (the matrix entry, ``github.ref_name``, ``github.actor``, ``secrets.GITHUB_TOKEN``) has test values.
-  The workflow's first matrix job runs (the GPU the Dockerfile and the manifests name);
-  KERNELCACHE_EXAMPLES_MATRIX=all runs every one.
+  The workflow's first matrix job runs (the GPU the Dockerfile and the manifests name), then the push step of every
+  matrix job at once against the one index, each with its own bundle (the first job's, and for the others that
+  bundle under their target): the parallel pushes must converge on an index of all of them.
+  KERNELCACHE_EXAMPLES_MATRIX=all runs every job whole, one after the other, then the pushes at once again.
 * The signing key pair: the workflow's secret KERNELCACHE_SIGNING_KEY is a fresh ECDSA P-256 private key (PEM),
   and the Deployment's secret kernelcache-trusted-keys holds its public half; RUNNER_TEMP is a directory of the job.
 * Kubernetes volumes: an emptyDir is an empty directory, the credentials secret a dockerconfigjson for that
@@ -346,7 +348,46 @@ def workflow(world, say) -> dict[str, Path]:
         started = time.monotonic()
         done[name] = run_job(job, {k: str(v) for k, v in matrix.items()}, world, name)
         say(f"github-actions.yml job {name} ran in {time.monotonic() - started:.0f} s")
+    started = time.monotonic()
+    push_at_once(job, job_name, world, done)
+    say(f"github-actions.yml: the push steps of {len(done)} matrix jobs ran at once in "
+        f"{time.monotonic() - started:.0f} s")
     return done
+
+
+def push_at_once(job: dict, job_name: str, world: World, done: dict[str, Path]) -> None:
+    """The workflow's push step of every matrix job at the same time, as GitHub runs the jobs (fail-fast off), each
+    from its own workspace into the one index. A job that did not run whole gets the first job's bundle under its
+    own target (what is checked here is the index the parallel pushes leave, not the kernels); it is added to
+    ``done``."""
+    from helpers.bundles import rewrite
+
+    [step] = [s for s in job["steps"] if "kernelcache push" in s.get("run", "")]
+    first_name, first = next(iter(done.items()))
+    [bundle] = (first / "bundles").glob("*.tar.zst")
+    context = {**GITHUB, "secrets.KERNELCACHE_SIGNING_KEY": world.signing_key.read_text()}
+    jobs = []
+    for entry in job["strategy"]["matrix"]["include"]:
+        matrix = {k: str(v) for k, v in entry.items()}
+        name = f"{job_name}-{matrix['arch']}-{matrix['gpu']}"
+        if name not in done:
+            workspace = world.work / name / "workspace"
+            shutil.copytree(world.repo, workspace)
+            (workspace / "bundles").mkdir()
+            rewrite(bundle, workspace / "bundles" / f"vllm-sampler-{matrix['arch']}-{matrix['gpu']}.tar.zst",
+                    target={"arch": matrix["arch"], "gpu": matrix["gpu"],
+                            "sm_count": PROFILES[matrix["gpu"]].sm_count})
+            done[name] = workspace
+        runner_temp = world.work / name / "runner-temp-push"
+        runner_temp.mkdir(parents=True, exist_ok=True)
+        own = {k: expressions(v, matrix, context) for k, v in step.get("env", {}).items()}
+        env = world.container_env(world.images / first_name, f"{name}-push", RUNNER_TEMP=str(runner_temp), **own)
+        script = world.rooted(expressions(step["run"], matrix, context))
+        jobs.append((name, subprocess.Popen(["bash", "-e", "-c", script], env=env, cwd=done[name], text=True,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
+    for name, process in jobs:
+        out, err = process.communicate(timeout=900)
+        assert process.returncode == 0, (f"workflow {name}: {step.get('name')} (at once)", out[-2000:], err[-3000:])
 
 
 # -- the Kubernetes manifests ------------------------------------------------------------------------------------
@@ -494,8 +535,8 @@ def test_the_workflow_jobs_build_and_push_to_one_index(workflow, world):
     from kernelcache.remote import oci
 
     [job] = yaml.safe_load(WORKFLOW.read_text())["jobs"].values()
-    variants = {f"{m['arch']}-{m['gpu']}" for m in matrix_jobs(job)}
-    assert len(workflow) == len(variants)
+    variants = {f"{m['arch']}-{m['gpu']}" for m in job["strategy"]["matrix"]["include"]}
+    assert len(workflow) == len(variants) == 3  # every matrix job pushed, at once (push_at_once)
     request = urllib.request.Request(
         f"http://{world.registry_host}/v2/example-org/vllm-kernels/manifests/{GITHUB['github.ref_name']}",
         headers={"Accept": oci.OCI_INDEX, "Authorization": "Basic " + base64.b64encode(

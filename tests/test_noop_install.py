@@ -59,6 +59,26 @@ def test_a_noop_install_is_answered_without_the_installer(installed):
     assert record["bundle"] == str(bundle.resolve()) and record["files"]
 
 
+def test_a_noop_install_for_a_gpu_or_arch_is_answered_from_the_record_too(installed):
+    """The init-container form (``--gpu NAME``, no GPU visible): the record keeps the profiles and archs that take
+    the bundle; another profile, an unknown one or an unknown arch takes the full path, which refuses it."""
+    bundle, cache = installed
+    for flags in (["--gpu", "h200"], ["--gpu", "H100-SXM"], ["--arch", "sm_90"], ["--gpu", "h200", "--arch", "90"]):
+        again, done = install(bundle, cache, *flags)
+        assert again == {"exit": 0, "imported": []}, (flags, done.stderr)
+        assert done.stdout.startswith(f"already installed in {cache} (digest ")
+    [record] = records(cache)
+    from kernelcache.plan.gpus import PROFILES
+
+    assert record["fits"]["gpus"] == sorted(p.name for p in PROFILES.values() if p.arch == "sm_90")  # no SM count
+    for flags, code, says in ((["--gpu", "b200"], 21, "not for --gpu b200"),
+                              (["--gpu", "h900"], 2, "unknown GPU profile 'h900'"),
+                              (["--arch", "sm_999"], 2, "--arch sm_999: unknown arch"),
+                              (["--arch", "sm_100"], 21, "not for --arch sm_100")):
+        refused, done = install(bundle, cache, *flags)
+        assert refused["exit"] == code and says in done.stderr.strip().splitlines()[-2], (flags, done.stderr)
+
+
 def test_its_json_is_the_installers(installed, tmp_path):
     bundle, cache = installed
     quick, done = install(bundle, cache, "--json")
@@ -174,6 +194,8 @@ PLAIN = [
     ["run", "--bundle", "B", "--cache-dir", "D", "--", "cmd"],
     ["run", "--cache-dir=D", "cmd", "--", "y"],
     ["install", "B", "--require-signature", "--trusted-key", "K1", "--trusted-key=K2"],
+    ["install", "B", "--gpu", "h200", "--cache-dir", "D"],
+    ["install", "--arch=sm_90", "B", "--gpu", "h200"],
     ["run", "--bundle", "B", "--trusted-key", "K", "--require-signature", "cmd"],
 ]
 NOT_PLAIN = [["install", "B", "--force"], ["install", "-h"], ["env", "--read-only"], ["env", "--json=1"],
@@ -190,7 +212,8 @@ def test_a_plain_form_parses_as_click_parses_it(args, tmp_path, monkeypatch):
     verb, options, positionals = parse(args)
     params = cli.commands[verb].make_context(verb, args[1:]).params
     names = {"--cache-dir": "cache_dir", "--json": "as_json", "--no-gpu-check": "no_gpu_check", "--bundle": "bundle",
-             "--require-signature": "require_signature", "--trusted-key": "trusted_keys"}
+             "--require-signature": "require_signature", "--trusted-key": "trusted_keys", "--gpu": "gpu",
+             "--arch": "arch"}
     for flag, value in options.items():
         assert params[names[flag]] == (tuple(value) if isinstance(value, list) else value), flag
     assert all(params[names[f]] in (None, False, ()) for f in _FORMS[verb] if f not in options)

@@ -14,7 +14,7 @@ import zipfile
 
 import pytest
 from helpers.common import ROOT, entry_point
-from helpers.wheel import release
+from helpers.wheel import release, uv_env
 
 import kernelcache
 
@@ -83,3 +83,18 @@ def test_version_is_answered_without_click_and_says_what_click_says():
     code = "import sys; from kernelcache.cli import main; main(['--version'], prog_name='kernelcache')"
     clicked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout == clicked.stdout == f"kernelcache, version {kernelcache.__version__}\n"
+
+
+@pytest.mark.slow  # pip fetches uv from PyPI into the clone's build/uv
+def test_release_works_on_a_fresh_clone_as_the_readme_says(tmp_path):
+    """No uv at build/uv, no PYTHON=: release.sh gets uv itself and finds Python 3.12 as setup.sh does (pyenv's shim
+    for 3.12 fails to run unless 3.12 is selected; the script takes pyenv's interpreter by path)."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    env = {k: v for k, v in uv_env().items() if k not in ("PYTHON", "UV")}
+    done = subprocess.run(["bash", "scripts/release.sh", str(tmp_path / "dist")], cwd=clone, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (clone / "build" / "uv" / "bin" / "uv").is_file()
+    assert [p.name for p in sorted((tmp_path / "dist").iterdir())] == [
+        f"kernelcache-{kernelcache.__version__}-py3-none-any.whl", f"kernelcache-{kernelcache.__version__}.tar.gz"]

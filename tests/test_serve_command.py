@@ -162,7 +162,7 @@ def test_bad_serve_commands_are_refused_with_vllms_word_and_their_own_codes(tmp_
     config = json.loads((TINY / "config.json").read_text()) | {"architectures": ["FooBarForCausalLM"]}
     (foobar / "config.json").write_text(json.dumps(config))
     unknown = kc("build", "--arch", "sm_90", "--gpu", "h100-sxm", "-o", str(out), "--", "vllm", "serve", str(foobar))
-    assert unknown.returncode == 35, unknown.stderr
+    assert unknown.returncode == 37, unknown.stderr
     assert "FooBarForCausalLM" in unknown.stderr and len(unknown.stderr.strip().splitlines()) == 1
     assert not out.exists()  # nothing written
 

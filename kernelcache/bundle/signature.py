@@ -213,7 +213,7 @@ def _hint(data: bytes, exc: Exception) -> str:
         return ": it is a private key; trust its public half (openssl pkey -in KEY -pubout)"
     if b"PUBLIC KEY-----" in data:
         return ": it is a public key; sign with the private one"
-    return f" ({' '.join(str(exc).split())[:120]})" if str(exc) else ""
+    return f" ({' '.join(str(exc).split())})" if str(exc) else ""  # whole: a cut one ended mid-word
 
 
 # -- what a signature names ----------------------------------------------------------------------

@@ -14,9 +14,6 @@ A key's *fingerprint* is ``sha256:`` and the hex sha256 of its DER SubjectPublic
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import os
 from collections import namedtuple
 
@@ -77,7 +74,9 @@ def signature_path(bundle: str | os.PathLike) -> str:
 
 def fingerprint_der(der: bytes) -> str:
     """The fingerprint of a DER SubjectPublicKeyInfo."""
-    return "sha256:" + hashlib.sha256(der).hexdigest()
+    from ..hooks.kernelcache_records import sha256_hex
+
+    return "sha256:" + sha256_hex(der)
 
 
 def pem_der(data: bytes) -> bytes | None:
@@ -85,6 +84,9 @@ def pem_der(data: bytes) -> bytes | None:
     with the cryptography package, which says what is wrong with it)."""
     if data.count(b"-----BEGIN") != 1 or data.count(_BEGIN) != 1 or data.count(_END) != 1:
         return None
+    import base64  # here: only a policy with trusted keys reads one, and base64 costs a no-op install 5-25 ms
+    import binascii
+
     body = data.partition(_BEGIN)[2].partition(_END)[0]
     try:
         return base64.b64decode(b"".join(body.split()), validate=True)

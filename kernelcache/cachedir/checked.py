@@ -32,14 +32,12 @@ installer load.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections import namedtuple
 
 from ..bundle.trust import NO_POLICY, key_fingerprints, signature_path
 from ..format.envscan import gpu_witness, key_digest, scan_key
-from ..hooks.kernelcache_records import SAME_FILE, stamp
+from ..hooks.kernelcache_records import SAME_FILE, json_loads, sha256_hex, stamp
 from ..version import __version__
 from .layout import STATE_DIR, keep_newest, unfinished
 
@@ -58,7 +56,7 @@ def bundle_identity(path: str | os.PathLike) -> list[int] | None:
 
 
 def _record_path(root: str, bundle: str) -> str:
-    name = hashlib.sha256(os.path.realpath(bundle).encode()).hexdigest()[:32]
+    name = sha256_hex(os.path.realpath(bundle).encode())[:32]
     return os.path.join(root, STATE_DIR, "checked", f"{name}.json")
 
 
@@ -68,9 +66,11 @@ Checked = namedtuple("Checked", ["cache_dir", "digest", "warnings", "signature",
 
 def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[int], digest: str,
                      files: list[str], environment_key_digest: str, gpu: str | None, warnings: list[str],
-                     signed: tuple[list[int] | None, dict | None] = (None, None), choices: str = "") -> None:
+                     signed: tuple[list[int] | None, dict | None] = (None, None), choices: str = "",
+                     fits: dict | None = None) -> None:
     """Keep what an accepted install was checked against (``identity``: the bundle file's, taken before it was
-    read; ``signed``: its signature file's identity, taken before it was read, and what its check found). A cache
+    read; ``signed``: its signature file's identity, taken before it was read, and what its check found; ``fits``:
+    the ``--arch`` values and ``--gpu`` profiles that take the bundle, remote/__init__.py ``fits``). A cache
     dir that cannot take it only loses the speed-up."""
     if not cache.state.is_dir() or bundle_identity(bundle) != identity:
         return  # the file changed while it was installed: nothing to vouch for
@@ -79,8 +79,9 @@ def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[
     record = {"format": FORMAT, "kernelcache": __version__, "bundle": os.path.realpath(bundle),
               "identity": identity, "digest": digest, "environment_key": environment_key_digest, "gpu": gpu,
               "warnings": list(warnings), "files": sorted(files), "signature_file": signed[0],
-              "signature": signed[1], "choices": choices}
+              "signature": signed[1], "choices": choices, "fits": fits or {}}
     import contextlib
+    import json
     from pathlib import Path
 
     from .publish import atomic_write  # the writer is the installer, which has these imported already
@@ -93,25 +94,37 @@ def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[
 
 
 def find_checked(bundle: str | os.PathLike, root: str | os.PathLike, check_gpu: bool = True,
-                 policy=NO_POLICY) -> Checked | None:
+                 policy=NO_POLICY, arch: str | None = None, gpu: str | None = None) -> Checked | None:
     """The no-op answer when ``bundle`` is installed in the cache dir ``root`` (as resolved once: ``cache_root``,
     ``CacheDir.root``) and was accepted under the state and the signature ``policy`` (bundle/trust.py) that hold
-    now; None whenever the full install path must decide. The installer asks it (install.py ``install``, and the
-    pod-start front doors that would otherwise load the installer: entry.py, runtime/env.py), once a command."""
+    now, and ``--arch`` / ``--gpu`` take it; None whenever the full install path must decide (which also says why
+    an arch or a profile is refused). The installer asks it (install.py ``install``, and the pod-start front doors
+    that would otherwise load the installer: entry.py, runtime/env.py), once a command."""
     if "://" in os.fspath(bundle):
         return None
     root = os.fspath(root)
     try:
         with open(_record_path(root, os.fspath(bundle)), "rb") as handle:
-            record = json.loads(handle.read())
+            record = json_loads(handle.read().decode())
     except (OSError, ValueError):
         return None
-    if not isinstance(record, dict) or not _holds(record, root, bundle, check_gpu) \
+    if not isinstance(record, dict) or not _fits(record, arch, gpu) or not _holds(record, root, bundle, check_gpu) \
             or not _signature_holds(record, bundle, policy):
         return None
     # Nothing is written here: a no-op install leaves the cache dir as it was (prune ages a record from its check).
     return Checked(root, record["digest"], tuple(record["warnings"]), record["signature"],
                    str(record.get("choices") or ""))
+
+
+def _fits(record: dict, arch: str | None, gpu: str | None) -> bool:
+    """Whether the record says ``--arch`` / ``--gpu`` (as given) take its bundle."""
+    fits = record.get("fits")
+    if arch is None and gpu is None:
+        return True
+    if not isinstance(fits, dict):
+        return False
+    return (arch is None or arch.strip().lower() in (fits.get("archs") or ())) and (
+        gpu is None or gpu.lower() in (fits.get("gpus") or ()))
 
 
 def _holds(record: dict, root: str, bundle: str | os.PathLike, check_gpu: bool) -> bool:
@@ -151,7 +164,7 @@ def record_holds(path: str) -> bool:
     its bundle file is still the one it checked (the identity holds a ctime, which never goes back)."""
     try:
         with open(path, "rb") as handle:
-            record = json.loads(handle.read())
+            record = json_loads(handle.read().decode())
     except (OSError, ValueError):
         return False
     return (isinstance(record, dict) and record.get("format") == FORMAT and record.get("kernelcache") == __version__

@@ -22,13 +22,15 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from ..plan.families.attention import CONTACTS
+from ..plan.releases import resolve, since
+from .vllm_runner import block_table_width as runner_width
 from .vllm_sampler import _device_scope, _require_triton, cross
 
 LAYER_NAME = "model.layers.0.self_attn.attn"
 DTYPES = ("bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto",)
 MAX_3D_QUERY_LEN = 8  # vllm.v1.attention.ops.triton_unified_attention.MAX_3D_QUERY_LEN
-TOKEN_ALIGNMENT = 128  # vllm.v1.kv_cache_interface: AttentionSpec.block_table_token_alignment
 PAD_SLOT_ID = -1  # vllm/v1/attention/backends/utils.py PAD_SLOT_ID
 
 
@@ -219,24 +221,25 @@ def make_layer(shape: Shape, config: Any, backend: Any = None, **extra: Any) -> 
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.attention import Attention
+    from vllm.utils.torch_utils import set_default_torch_dtype
     from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
 
-    with set_current_vllm_config(config), torch.device("cuda"):
+    dtype = getattr(torch, shape.dtype)
+    # The model is built under its dtype as torch's default (model_loader's initialize_model): from 0.34 the layer
+    # keeps that as its act_dtype and process_weights_after_loading takes no argument; 0.33's took the dtype.
+    with set_current_vllm_config(config), set_default_torch_dtype(dtype), torch.device("cuda"):
         layer = Attention(shape.num_heads, shape.head_size, shape.head_size**-0.5, num_kv_heads=shape.num_kv_heads,
                           cache_config=config.cache_config, per_layer_sliding_window=shape.sliding_window or None,
                           prefix=LAYER_NAME, attn_backend=backend or TritonAttentionBackend, **extra)
-        layer.process_weights_after_loading(getattr(torch, shape.dtype))
+        loaded = resolve(CONTACTS, "process_weights_after_loading")
+        loaded(layer) if since("0.34") else loaded(layer, dtype)
     layer.use_direct_call = True  # the custom op's Python body, as in the module docstring
     return layer
 
 
 def block_table_width(shape: Shape) -> int:
     """Model Runner V2's block-table width for one full-attention group (``GPUModelRunner.initialize_kv_cache``)."""
-    from vllm.utils.math_utils import cdiv
-    from vllm.v1.worker.block_table import get_block_table_width
-
-    blocks = cdiv(shape.max_model_len, shape.block_size)
-    return get_block_table_width(blocks, shape.block_size, token_alignment=TOKEN_ALIGNMENT)
+    return runner_width(shape.max_model_len, shape.block_size)
 
 
 def make_kv_cache(config: Any, spec: Any, num_blocks: int, backend: Any = None) -> Any:

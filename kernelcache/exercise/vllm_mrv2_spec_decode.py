@@ -20,6 +20,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from ..plan.families.mrv2_spec_decode import CONTACTS
+from ..plan.releases import resolve, since
 from . import fake_ops
 from .fake_runner_ops import runner_ops
 from .vllm_runner import MIXES, Config, host_tensor, logprob_classes, prepare_attn, sampling_params
@@ -230,17 +232,21 @@ def _runner_config(spec: Spec) -> Any:
     names = ("draft_sample_method", "rejection_sample_method", "fly_entropy_threshold", "fly_entropy_top_k",
              "fly_window_size", "synthetic_acceptance_rates", "enable_adaptive_verification",
              "use_local_argmax_reduction")
+    # From 0.34 the speculator also reads the draft's context-parallel size and its config overrides (None: the
+    # target's; SpeculativeConfig's defaults).
     speculative = SimpleNamespace(method=spec.method, num_speculative_tokens=spec.k, draft_model_config=draft_model,
                                   uses_dynamic_speculative_decoding=lambda: False,
-                                  **{name: _spec_default(name) for name in names})
+                                  draft_decode_context_parallel_size=None, moe_backend=None, attention_backend=None,
+                                  kv_cache_dtype=None, **{name: _spec_default(name) for name in names})
     return SimpleNamespace(
         speculative_config=speculative, reasoning_config=None, watermark_config=None,
         scheduler_config=SimpleNamespace(max_num_seqs=config.max_num_seqs,
                                          max_num_batched_tokens=config.max_num_batched_tokens),
         model_config=SimpleNamespace(max_model_len=config.max_model_len, dtype=dtype, head_dtype=dtype,
                                      use_fp64_gumbel=False),
-        parallel_config=SimpleNamespace(data_parallel_size=1, data_parallel_rank=0,
-                                        decode_context_parallel_size=1))
+        parallel_config=SimpleNamespace(data_parallel_size=1, data_parallel_rank=0, decode_context_parallel_size=1,
+                                        prefill_context_parallel_size=1, use_ubatching=False,
+                                        enable_batch_sharded_sampling=False))
 
 
 class DraftModel:
@@ -410,11 +416,11 @@ def step(state: State, dtype: str, indices: list[int], scheduled: list[int], dra
 
 
 def sample(state: State, batch: Any, dtype: str, grammar: bool) -> Any:
-    """``GPUModelRunner.sample``: the grammar bitmask (its invalid drafts), then the rejection sampler for a
-    batch with drafts, the sampler otherwise."""
+    """``GPUModelRunner.sample``: the grammar bitmask, then the rejection sampler for a batch with drafts, the
+    sampler otherwise. vLLM 0.33 also masked the drafts the bitmask left unchecked (``grammar_invalid_drafts``,
+    an argument of the rejection sampler); 0.34 has neither (plan/families/mrv2_spec_decode.py)."""
     import numpy as np
     import torch
-    from vllm.v1.worker.gpu.structured_outputs import grammar_invalid_drafts
 
     vocab = state.spec.config.vocab
     logits = _model_logits(int(batch.cu_num_logits_np[-1]), vocab, getattr(torch, dtype))
@@ -422,9 +428,12 @@ def sample(state: State, batch: Any, dtype: str, grammar: bool) -> Any:
     if grammar:  # warmup.py: every request structured, a permissive bitmask with decode_query_len rows each
         bitmask = np.full((batch.num_reqs * (state.spec.k + 1), (vocab + 31) // 32), -1, dtype=np.int32)
         state.structured_outputs.apply_grammar_bitmask(logits, batch, batch.req_ids, bitmask)
-        invalid = grammar_invalid_drafts(batch, batch.req_ids, None)
+        if not since("0.34"):
+            invalid = resolve(CONTACTS, "grammar_invalid_drafts")(batch, batch.req_ids, None)
     if batch.num_draft_tokens == 0:
         return state.sampler(logits, batch)
+    if since("0.34"):
+        return state.rejection_sampler(logits, batch, state.speculator.draft_logits)
     return state.rejection_sampler(logits, batch, state.speculator.draft_logits, invalid)
 
 

@@ -20,6 +20,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from ..plan.families.runner import CONTACTS
+from ..plan.releases import resolve
 from .fake_runner_ops import runner_ops
 from .vllm_sampler import _device_scope, _model_logits, _require_triton, _sm_count, batch_classes, cross
 from .watch import seen
@@ -65,11 +67,16 @@ class Config:
     @property
     def max_num_blocks(self) -> int:
         """``GPUModelRunner.initialize_kv_cache``'s block-table width for one full-attention group."""
-        from vllm.utils.math_utils import cdiv
-        from vllm.v1.worker.block_table import get_block_table_width
+        return block_table_width(self.max_model_len, self.block_size)
 
-        blocks = cdiv(self.max_model_len, self.block_size)
-        return get_block_table_width(blocks, self.block_size, token_alignment=TOKEN_ALIGNMENT)
+
+def block_table_width(max_model_len: int, block_size: int) -> int:
+    """``GPUModelRunner.initialize_kv_cache``'s block-table width for one full-attention group, through the
+    installed release's ``get_block_table_width`` (plan/families/runner.py names where it lives)."""
+    from vllm.utils.math_utils import cdiv
+
+    width = resolve(CONTACTS, "get_block_table_width")
+    return width(cdiv(max_model_len, block_size), block_size, token_alignment=TOKEN_ALIGNMENT)
 
 
 def logprob_classes(max_logprobs: int, vocab: int) -> list[int]:

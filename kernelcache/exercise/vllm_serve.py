@@ -32,7 +32,7 @@ from ..errors import MissingDependency, RecipeError, UnknownArchitecture, UsageE
 from ..plan.gpus import GpuProfile, memory_mib
 from ..plan.serve import ServeCommand, ServeConfig
 
-EXIT_USAGE, EXIT_ARCHITECTURE, EXIT_MODEL, EXIT_MISSING = 2, 35, 3, 30
+EXIT_USAGE, EXIT_ARCHITECTURE, EXIT_MODEL, EXIT_MISSING = 2, 37, 3, 30
 ANSWERS = "serve"  # the answers' folder under the user cache dir
 
 

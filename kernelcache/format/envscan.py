@@ -10,15 +10,12 @@ subprocess: a no-op install on every pod start imports this module and little el
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.machinery
 import importlib.util
-import json
 import os
-import re
 import sys
 
-from ..hooks.kernelcache_records import stamp
+from ..hooks.kernelcache_records import json_dumps_sorted, sha256_hex, stamp
 from ..hooks.kernelcache_tritonkey import triton_files  # the served triton_key() seed checks these too
 from . import keep_old_name
 
@@ -63,7 +60,7 @@ def scan_key() -> dict:
 
 def key_digest(fields: dict) -> str:
     """The digest of a key's fields (tuples and lists alike, as JSON writes them)."""
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    return sha256_hex(json_dumps_sorted(fields).encode())
 
 
 def package_dir(name: str) -> str | None:
@@ -101,7 +98,17 @@ def _listdir(path: str) -> list[str]:
 
 
 def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
+    out: list[str] = []  # re.sub(r"[-_.]+", "_", name), without importing re (a no-op install's pod start)
+    separated = False
+    for char in name:
+        if char in "-_.":
+            if not separated:
+                out.append("_")
+            separated = True
+        else:
+            out.append(char)
+            separated = False
+    return "".join(out).lower()
 
 
 def metadata_dirs(names: tuple[str, ...]) -> dict[str, str]:
@@ -167,7 +174,7 @@ def gpu_witness() -> str:
     parts += [f"{path} {_read(path)}" for path in [f"{_NVIDIA_PROC}/version", *_gpu_information_files()]]
     for folder, dirs, files in os.walk(f"{_NVIDIA_PROC}/capabilities"):
         parts += sorted(f"cap {folder}/{n}" for n in [*dirs, *files])
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    return sha256_hex("\n".join(parts).encode())
 
 
 def _gpu_information_files() -> list[str]:

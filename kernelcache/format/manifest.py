@@ -356,15 +356,24 @@ def arch_to_capability(arch: str) -> int:
     return capability
 
 
+# The compute capabilities CUDA GPUs have (NVIDIA's CUDA GPU list and nvcc's --list-gpu-arch, CUDA 13).
+CUDA_CAPABILITIES = (50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 110, 120, 121)
+
+
 def flag_capability(arch: str, flag: str | None = "--arch") -> int:
     """An arch a user gave: its capability, or a one-line ``UsageError`` naming ``flag`` (None: naming the arch
-    alone, as ``arch_to_capability`` does)."""
+    alone, as ``arch_to_capability`` does) for what is not an arch, or one no CUDA GPU has (``CUDA_CAPABILITIES``)."""
     try:
-        return arch_to_capability(arch)
+        capability = arch_to_capability(arch)
     except ValueError as exc:
         if flag is None:
             raise UsageError(str(exc)) from None
         raise UsageError(f"{flag} must look like sm_90 or sm_100, got {arch!r}") from None
+    if capability not in CUDA_CAPABILITIES:
+        known = ", ".join(f"sm_{c}" for c in CUDA_CAPABILITIES if c >= 80)
+        raise UsageError(f"{flag + ' ' if flag else ''}{arch}: unknown arch, no CUDA GPU has it (known: {known}, "
+                         "and older ones)")
+    return capability
 
 
 def capability_to_arch(capability: int) -> str:

@@ -66,3 +66,67 @@ def records(lines: Iterable[str]) -> list[dict]:
         if isinstance(record, dict):
             found.append(record)
     return found
+
+
+def sha256_hex(data: bytes) -> str:
+    """``hashlib.sha256(data).hexdigest()``, from CPython's own ``_sha2`` where it is there: ``import hashlib`` loads
+    OpenSSL's libcrypto first, 10-25 ms of a no-op install's pod start on 2 cores."""
+    try:
+        from _sha2 import sha256
+    except ImportError:  # another interpreter, or a CPython built without it
+        from hashlib import sha256
+    return sha256(data).hexdigest()
+
+
+# -- JSON without the json package, for the no-op install's record ------------------------------------------------
+# ``import json`` imports ``re`` and ``enum``: 20-35 ms of a pod start's no-op install on 2 cores, more than the
+# rest of its work. The json package's own C scanner and encoder (``_json``, which ``json.decoder`` and
+# ``json.encoder`` wrap) read and write the same documents without them; where ``_json`` is missing the package
+# answers.
+
+
+class _Scanning:
+    """What ``_json.make_scanner`` reads from a ``json.JSONDecoder`` (``json.loads``'s defaults)."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}.__getitem__
+    memo: dict = {}
+
+
+def json_loads(text: str):
+    """``json.loads(text)`` (a ``ValueError`` for what is not one JSON document)."""
+    try:
+        from _json import make_scanner
+    except ImportError:
+        import json
+
+        return json.loads(text)
+    start = len(text) - len(text.lstrip(" \t\n\r"))
+    try:
+        value, end = make_scanner(_Scanning())(text, start)
+    except StopIteration:
+        raise ValueError("not a JSON document") from None
+    if text[end:].strip(" \t\n\r"):
+        raise ValueError("extra data after the JSON document")
+    return value
+
+
+def json_dumps_sorted(value) -> str:
+    """``json.dumps(value, sort_keys=True)``, the same text."""
+    try:
+        from _json import encode_basestring_ascii, make_encoder
+    except ImportError:
+        import json
+
+        return json.dumps(value, sort_keys=True)
+    if isinstance(value, str):
+        return encode_basestring_ascii(value)
+
+    def refuse(item):
+        raise TypeError(f"Object of type {type(item).__name__} is not JSON serializable")
+
+    return "".join(make_encoder({}, refuse, encode_basestring_ascii, None, ": ", ", ", True, False, True)(value, 0))

@@ -9,6 +9,7 @@ import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .families import release_matrix
 from .recipe import load, shipped
 
 
@@ -36,7 +37,8 @@ class Catalog:
     recipes: tuple[ShippedRecipe, ...]
 
     def to_dict(self) -> dict:
-        return {"recipes": [r.to_dict() for r in self.recipes]}
+        """The recipes, and the family x vLLM-release table (which releases have each path)."""
+        return {"recipes": [r.to_dict() for r in self.recipes], "releases": release_matrix()}
 
     @classmethod
     def from_dict(cls, data: dict) -> Catalog:

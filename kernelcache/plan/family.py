@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .releases import SUPPORTED, Contact
+
 # plan/recipe.py's BuildPlan and plan/model.py's ModelSpec: not imported, not even for type checkers, because both
 # modules read the registry, which stands on this module (the house keeps no circle).
 BuildPlan = Any
@@ -66,7 +68,9 @@ class Family:
     ``--model-config`` adds it (None: the model neither adds nor drops it); ``model_rank`` orders the paths a model
     adds and the families' ``check`` calls, as plans record and have always recorded them. ``check(plan, where)``
     raises ``RecipeError`` when the plan cannot build the path. ``model_section``: the family's own layers in a
-    model config (a hybrid model's Mamba-2 layers), which ``ModelSpec.section`` then holds."""
+    model config (a hybrid model's Mamba-2 layers), which ``ModelSpec.section`` then holds. ``releases`` and
+    ``contacts``: the vLLM releases that have the path and the vLLM internals its exercise touches in each
+    (plan/releases.py)."""
 
     name: str
     summary: str  # what it builds, one line (docs/FAMILIES.md)
@@ -86,6 +90,9 @@ class Family:
     probe: str = ""  # the independent key probe (tests/probes/), from the repository root
     gpu_check: str = ""  # the check scripts/gpu/prove.py runs on a GPU: a file under scripts/gpu/checks/
     proven: str = ""  # the GPU its check passed on (BENCHMARKS.md), for docs/FAMILIES.md
+    releases: tuple[str, ...] = SUPPORTED  # the vLLM minor releases that have the path (plan/releases.py)
+    contacts: tuple[Contact, ...] = ()  # every vLLM internal its exercise imports or calls, per release
+    lacks: str = ""  # why a supported release not in ``releases`` lacks the path (the build's refusal says it)
 
     def planned(self, plan: BuildPlan, vocab: int = 0) -> tuple[Task, ...]:
         """Its tasks for ``plan`` (none when the plan does not name the path)."""

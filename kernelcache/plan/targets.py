@@ -15,10 +15,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import PathUnavailable, UsageError
+from ..errors import MissingDependency, PathUnavailable, ReleaseUnsupported, UsageError
 from ..format.fingerprint import package_version
 from ..format.manifest import DEVICE_NAME_PATHS, arch_to_capability
-from . import families
+from . import families, releases
 from .gpus import PROFILES, GpuProfile, VisibleGpu, profile_for
 from .recipe import BuildPlan
 
@@ -55,7 +55,8 @@ class BuildTarget:
 def check_paths(plan: BuildPlan) -> None:
     """Say clearly when the installed vLLM (or FlashInfer) lacks a path the plan asks for."""
     if importlib.util.find_spec("vllm") is None:
-        raise PathUnavailable("vLLM is not installed here; `kernelcache build` runs vLLM's own sampler code")
+        raise MissingDependency("vLLM is not installed here; `kernelcache build` runs vLLM's own code")
+    check_release(plan.paths, releases.installed())
     for path in plan.paths:
         module, what = required_module(path)
         if not _module_file(module):
@@ -64,6 +65,29 @@ def check_paths(plan: BuildPlan) -> None:
                 f"the recipe asks for the '{path}' path but {what} ({module}) is not {where}; "
                 "drop it from vllm.paths or pass --path"
             )
+
+
+def check_release(paths: tuple[str, ...], version: str) -> None:
+    """Refuse, in one line (``ReleaseUnsupported``, exit 36), a vLLM ``version`` outside ``releases.SUPPORTED``,
+    a path that release lacks, or a path whose contact modules (plan/releases.py) are not on disk there: all
+    before any compile. Only files are looked at, nothing of vLLM is imported (that takes a minute)."""
+    release, supported = releases.minor(version), ", ".join(releases.SUPPORTED)
+    head = f"vllm {version} is installed; kernelcache builds for vllm {supported}"
+    if release not in releases.SUPPORTED:
+        raise ReleaseUnsupported(f"{head}, not {release}: every path is affected ({', '.join(paths)}); install a "
+                                 "supported vllm (scripts/setup.sh VLLM_VERSION=...)")
+    lacking = [families.get(p) for p in paths if release not in families.get(p).releases]
+    if lacking:
+        why = "; ".join(dict.fromkeys(f.lacks for f in lacking if f.lacks))
+        keep = " ".join(f"--path {p}" for p in paths if p not in {f.name for f in lacking})
+        raise ReleaseUnsupported(f"{head}; {release} lacks the path(s) {', '.join(f.name for f in lacking)}"
+                                 f"{f' ({why})' if why else ''}: build {keep or 'other paths'}")
+    moved = [(p, c.symbol) for p in paths for c in releases.current(families.get(p).contacts, version)
+             if not _module_file(c.module)]
+    if moved:
+        where = ", ".join(f"{symbol} ({path})" for path, symbol in moved)
+        raise ReleaseUnsupported(f"{head}, but the installed vllm lacks {where}: it is not the {release} "
+                                 "kernelcache knows; the path(s) affected cannot build")
 
 
 def _module_file(module: str) -> bool:

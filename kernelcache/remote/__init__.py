@@ -64,7 +64,7 @@ def check_wanted(arch: str | None, gpu: str | None) -> None:
 
         profile(gpu)
     if arch is not None:
-        flag_capability(arch, None)
+        flag_capability(arch)
 
 
 def fetch(ref: str | os.PathLike, dest_dir: str | os.PathLike, arch: str | None = None, gpu: str | None = None,
@@ -111,18 +111,35 @@ def _download_dir() -> Iterator[str]:
 def check_target(manifest: Manifest, arch: str | None, gpu: str | None, source: str) -> None:
     """An explicit ``--arch`` / ``--gpu`` refuses any bundle built for something else: another arch or SM count,
     or, where the device name decided its kernels, another product that does not get the same configs."""
-    target, keys = manifest.target, manifest.device_keys
+    target = manifest.target
     if gpu is not None:
         from ..plan.gpus import profile
 
         want = profile(gpu)
-        if target.capability != want.capability or (target.sm_count and target.sm_count != want.sm_count) or (
-                keys is not None and not keys.accepts(want.product)):
+        if not fits_profile(manifest, want):
             raise ArchMismatch(f"{source} was built for {_target(target)}, not for --gpu {want.name}",
                                [("target", _target(target), f"{want.name} ({want.arch}, {want.sm_count} SMs)")])
     if arch is not None and target.capability != flag_capability(arch, None):
         raise ArchMismatch(f"{source} was built for {_target(target)}, not for --arch {arch}",
                            [("target", _target(target), arch)])
+
+
+def fits_profile(manifest: Manifest, want) -> bool:
+    """Whether ``--gpu`` of the GPU profile ``want`` takes this bundle: its arch, its SM count, and where the device
+    name decided its kernels, a product that gets the same configs."""
+    target, keys = manifest.target, manifest.device_keys
+    return target.capability == want.capability and (not target.sm_count or target.sm_count == want.sm_count) and (
+        keys is None or keys.accepts(want.product))
+
+
+def fits(manifest: Manifest) -> dict:
+    """What a no-op install's record keeps of the bundle's target (cachedir/checked.py): the ``--arch`` values and
+    the built-in ``--gpu`` profiles that take it, so a no-op ``install --gpu NAME`` is answered without reading it."""
+    from ..plan.gpus import PROFILES
+
+    capability = manifest.target.capability
+    return {"archs": [f"sm_{capability}", str(capability)],
+            "gpus": sorted(name for name, p in PROFILES.items() if fits_profile(manifest, p))}
 
 
 def _target(target: Target) -> str:

@@ -2,14 +2,23 @@
 # Prepare what a GPU run on the H200 (Python 3.12, torch 2.11, triton 3.6, no vLLM, no network) must carry:
 # vLLM 0.33.0's pure-Python tree (every .so, vllm-rs and C/C++ source stripped) plus the cp312 wheels its
 # sampler (and the gated-delta-net layer) imports that the image lacks, and zstandard for kernelcache.
-# Output: .carry/vllm-h200.tar.xz (git-ignored), about 18 MB.
+# Output: .carry/vllm-h200.tar.xz (git-ignored), about 18 MB. VLLM_VERSION picks another release's tree,
+# VLLM_TREE_FROM takes it from an installed venv's site-packages (the wheel's files as they are) instead of the
+# index, CARRY_FILE writes elsewhere (scripts/gpu/prepare_release_carry.sh: .carry/rel34/vllm-h200.tar.xz).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=.carry; mkdir -p "$out"; work=$(mktemp -d)
+version=${VLLM_VERSION:-0.33.0}
+carry_file=${CARRY_FILE:-.carry/vllm-h200.tar.xz}
+mkdir -p "$(dirname "$carry_file")"; work=$(mktemp -d)
 PY=${PY:-.venv/bin/python}
-$PY -m pip download -q --no-deps vllm==0.33.0 -d "$work/dl"
 mkdir -p "$work/tree/vllm"
-(cd "$work/tree/vllm" && unzip -q "$work"/dl/vllm-0.33.0-*.whl)
+if [ -n "${VLLM_TREE_FROM:-}" ]; then
+  cp -a "$VLLM_TREE_FROM/vllm" "$VLLM_TREE_FROM/vllm-$version.dist-info" "$work/tree/vllm/"
+  find "$work/tree/vllm" -name __pycache__ -prune -exec rm -rf {} +
+else
+  $PY -m pip download -q --no-deps "vllm==$version" -d "$work/dl"
+  (cd "$work/tree/vllm" && unzip -q "$work"/dl/vllm-"$version"-*.whl)
+fi
 find "$work/tree/vllm" \( -name '*.so' -o -name '*.so.*' -o -name '*.h' -o -name '*.hpp' -o -name '*.cuh' -o -name '*.inl' \
   -o -name '*.cu' -o -name '*.cpp' -o -name '*.c' \) -delete
 rm -f "$work/tree/vllm/vllm/vllm-rs"
@@ -25,6 +34,6 @@ $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --imp
   -d "$work/wheels" "${wheels[@]}"
 $PY -m pip install -q --no-deps --no-compile --target "$work/tree/site" "$work"/wheels/*.whl \
   --python-version 3.12 --implementation cp --only-binary=:all: "${plats[@]}"
-tar -C "$work/tree" -cJf "$out/vllm-h200.tar.xz" vllm site
-ls -la "$out/vllm-h200.tar.xz"
+tar -C "$work/tree" -cJf "$carry_file" vllm site
+ls -la "$carry_file"
 rm -rf "$work"

@@ -58,7 +58,9 @@ sys.path.insert(0, str(CHECKS))  # the checks import their siblings by name (che
 from common import NVCC_LOG, nvcc_runs  # noqa: E402 -- found through the path just set
 
 CARRY = ROOT / ".carry"
-VLLM_TREE = CARRY / "vllm-h200.tar.xz"
+# vLLM's pure-Python tree (scripts/gpu/prepare_carry.sh); KERNELCACHE_VLLM_TREE names another release's
+# (scripts/gpu/prepare_release_carry.sh: .carry/rel34/vllm-h200.tar.xz).
+VLLM_TREE = Path(os.environ.get("KERNELCACHE_VLLM_TREE") or CARRY / "vllm-h200.tar.xz")
 FLASHINFER_TREE = CARRY / "fi-site.tar.xz"  # scripts/gpu/prepare_flashinfer_attention_carry.sh
 PRODUCTS = {"H200": "h200", "H100 80GB HBM3": "h100-sxm"}  # a GPU's name -> the profile its bundles are built for
 ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "PYTHONUNBUFFERED": "1"}

@@ -10,6 +10,7 @@ through the plan, docs/FAMILIES.md) asks this module.
 from __future__ import annotations
 
 from ..family import MODEL, VOCAB, Family
+from ..releases import SUPPORTED
 from . import attention, flashinfer_attention, gdn, mamba, moe, mrv2_spec_decode, runner, sampler, spec_decode
 
 BUILTIN = (sampler.REGISTRY, sampler.MRV1, sampler.MRV2, sampler.FLASHINFER, spec_decode.FAMILY,
@@ -77,5 +78,32 @@ def table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def release_matrix() -> dict:
+    """The family x vLLM-release table as JSON (``kernelcache recipes --json``): the supported releases and, per
+    path, the releases that have it (and why a supported one lacks it)."""
+    return {"supported": list(SUPPORTED),
+            "paths": {f.name: {"releases": list(f.releases), **({"lacks": f.lacks} if f.lacks else {})}
+                      for f in _FAMILIES.values()}}
+
+
+def release_table() -> str:
+    """The family x vLLM-release table of docs/FAMILIES.md (scripts/family_table.py writes it)."""
+    rows = [f"| path | {' | '.join(f'vLLM {r}' for r in SUPPORTED)} | contact points | of them release-specific |",
+            f"| --- | {' | '.join('---' for _ in SUPPORTED)} | --- | --- |"]
+    for f in _FAMILIES.values():
+        cells = ["yes" if r in f.releases else "no" for r in SUPPORTED]
+        names = dict.fromkeys(c.name for c in f.contacts)
+        rows.append(f"| `{f.name}` | {' | '.join(cells)} | {len(names)} | "
+                    f"{', '.join(f'`{n}`' for n in names if _differs(f, n)) or '—'} |")
+    notes = dict.fromkeys(f.lacks for f in _FAMILIES.values() if f.lacks)
+    return "\n".join(rows) + "\n" + "".join(f"\n{note}.\n" for note in notes)
+
+
+def _differs(family: Family, name: str) -> bool:
+    """Whether the contact ``name`` differs between the releases that have ``family`` (moved, changed, gone)."""
+    named = [c for c in family.contacts if c.name == name]
+    return len(named) > 1 or not set(family.releases) <= set(named[0].releases)
+
+
 __all__ = ["BUILTIN", "MODEL", "VOCAB", "Family", "by_model_rank", "families", "get", "names", "path_help",
-           "register", "table", "unregister"]
+           "register", "release_matrix", "release_table", "table", "unregister"]

@@ -5,6 +5,29 @@ from __future__ import annotations
 
 from ...errors import RecipeError
 from ..family import MODEL, Family, Task
+from ..releases import Contact, stable
+
+# The TRITON_ATTN layer, its metadata builder and the KV-cache views (exercise/vllm_attention.py); the block-table
+# width is the runner family's contact (plan/families/runner.py).
+CONTACTS = (
+    # The model loader's process_weights_after_loading: 0.33 passed the model dtype; from 0.34 the layer keeps
+    # torch's default dtype at construction (act_dtype) and the method takes none.
+    Contact("process_weights_after_loading",
+            "vllm.model_executor.layers.attention:Attention.process_weights_after_loading", ("0.33",),
+            params=("self", "act_dtype")),
+    Contact("process_weights_after_loading",
+            "vllm.model_executor.layers.attention:Attention.process_weights_after_loading", ("0.34",),
+            params=("self",)),
+) + stable(
+    "vllm.config:CUDAGraphMode", "vllm.config:CacheConfig", "vllm.config:CompilationConfig",
+    "vllm.config:SchedulerConfig", "vllm.config:VllmConfig", "vllm.config:set_current_vllm_config",
+    "vllm.forward_context:set_forward_context", "vllm.model_executor.layers.attention:Attention",
+    "vllm.triton_utils:triton", "vllm.utils.math_utils:cdiv", "vllm.utils.torch_utils:set_default_torch_dtype",
+    "vllm.v1.attention.backend:CommonAttentionMetadata",
+    "vllm.v1.attention.backends.triton_attn:TritonAttentionBackend",
+    "vllm.v1.attention.backends.utils:get_supported_kv_cache_layouts",
+    "vllm.v1.attention.backends.utils:resolve_kv_cache_layout", "vllm.v1.kv_cache_interface:KVCacheTensor",
+    "vllm.v1.kv_cache_interface:compute_layout_strides", "vllm.v1.kv_cache_interface:create_kv_cache_views")
 
 # vLLM's --attention-backend names that matter here: the attention path builds TRITON_ATTN's kernels; the
 # others are CUDA/C++ (FlashAttention, FlashInfer) and compile no Triton kernel. auto: vLLM's choice, which
@@ -66,4 +89,5 @@ FAMILY = Family(
            "max_model_len", "max_num_batched_tokens", "tensor_parallel_size"),
     unit=MODEL, tasks=_tasks, note="needs --attention-backend TRITON_ATTN",
     default=lambda plan: plan.model is not None and served(plan), from_model=lambda model, plan: served(plan),
-    model_rank=4, check=_check, probe="tests/probes/attention_keys.py", gpu_check="attention", proven="H200")
+    model_rank=4, check=_check, probe="tests/probes/attention_keys.py", gpu_check="attention", proven="H200",
+    contacts=CONTACTS)

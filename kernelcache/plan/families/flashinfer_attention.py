@@ -6,7 +6,15 @@ from __future__ import annotations
 
 from ...errors import RecipeError
 from ..family import MODEL, Family, Task
+from ..releases import stable
 from .attention import check_heads
+
+# vLLM's FLASHINFER backend and its FlashInfer wrappers (exercise/vllm_flashinfer.py; the layer and KV cache
+# are the attention family's).
+CONTACTS = stable(
+    "vllm.config:set_current_vllm_config", "vllm.forward_context:set_forward_context",
+    "vllm.platforms.cuda:_get_backend_priorities", "vllm.platforms:current_platform", "vllm.utils:flashinfer",
+    "vllm.v1.attention.backends.flashinfer:FlashInferBackend")
 
 FLASHINFER = "FLASHINFER"  # vLLM's --attention-backend name of its FlashInfer backend
 EXERCISE = "kernelcache.exercise.vllm_flashinfer"
@@ -49,4 +57,4 @@ FAMILY = Family(
            "attention_backend", "flashinfer_cubins"),
     unit=MODEL, tasks=_tasks, note="needs --attention-backend FLASHINFER",
     default=lambda plan: plan.model is not None and served(plan), from_model=lambda model, plan: served(plan),
-    model_rank=7, check=_check, gpu_check="flashinfer_attention", proven="H100")
+    model_rank=7, check=_check, gpu_check="flashinfer_attention", proven="H100", contacts=CONTACTS)

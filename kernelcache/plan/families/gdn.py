@@ -17,7 +17,21 @@ from dataclasses import asdict, dataclass
 from ...errors import RecipeError
 from ..config import integer
 from ..family import MODEL, Family, ModelSection, Task
+from ..releases import stable
 from .mamba import SSM_CACHE_DTYPES
+
+# The gated-delta-net layer, its metadata builder and the attention spec beside it (exercise/vllm_gdn.py; the
+# distributed set-up is the mamba family's).
+CONTACTS = stable(
+    "vllm._custom_ops", "vllm.config:CUDAGraphMode", "vllm.config:VllmConfig", "vllm.config:set_current_vllm_config",
+    "vllm.forward_context:set_forward_context",
+    "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn:QwenGatedDeltaNetAttention",
+    "vllm.model_executor.layers.mamba.gdn:qwen_gdn_linear_attn", "vllm.platforms:current_platform",
+    "vllm.utils.math_utils:cdiv", "vllm.utils.torch_utils:STR_DTYPE_TO_TORCH_DTYPE",
+    "vllm.utils.torch_utils:set_default_torch_dtype", "vllm.v1.attention.backend:CommonAttentionMetadata",
+    "vllm.v1.attention.backend:MultipleOf", "vllm.v1.attention.backends.gdn_attn:GDNAttentionMetadataBuilder",
+    "vllm.v1.attention.backends.registry:AttentionBackendEnum", "vllm.v1.kv_cache_interface:FullAttentionSpec",
+    "vllm.v1.kv_cache_interface:get_kv_quant_mode")
 
 # Per architecture: how vLLM 0.33's model file builds QwenGatedDeltaNetAttention (gqa_interleaved_layout).
 GDN_ARCHITECTURES = {"Qwen3NextForCausalLM": "interleaved",  # models/qwen3_next.py
@@ -122,4 +136,4 @@ FAMILY = Family(
     unit=MODEL, tasks=_tasks, note="needs a gated-delta-net model: Qwen3-Next, Qwen3.5",
     default=lambda plan: bool(plan.model and _from_model(plan.model, plan)), from_model=_from_model,
     model_section=SECTION, model_owned=True, model_rank=3, check=_check, probe="tests/probes/gdn_keys.py",
-    gpu_check="gdn", proven="H100")
+    gpu_check="gdn", proven="H100", contacts=CONTACTS)

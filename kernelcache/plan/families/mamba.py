@@ -16,6 +16,20 @@ from dataclasses import asdict, dataclass
 from ...errors import RecipeError
 from ..config import integer
 from ..family import MODEL, Family, ModelSection, Task
+from ..releases import stable
+
+# MambaMixer2, its metadata builder and the SSU dispatch (exercise/vllm_mamba.py).
+CONTACTS = stable(
+    "vllm._custom_ops", "vllm.config:VllmConfig", "vllm.config:set_current_vllm_config",
+    "vllm.distributed.parallel_state:model_parallel_is_initialized", "vllm.distributed:init_distributed_environment",
+    "vllm.distributed:initialize_model_parallel", "vllm.forward_context:set_forward_context",
+    "vllm.model_executor.layers.mamba.mamba_mixer2:MambaMixer2",
+    "vllm.model_executor.layers.mamba.ops.ssu_dispatch:get_mamba_ssu_backend",
+    "vllm.model_executor.layers.mamba.ops.ssu_dispatch:initialize_mamba_ssu_backend",
+    "vllm.model_executor.layers.mamba.ops:mamba_ssm", "vllm.platforms:current_platform",
+    "vllm.utils.torch_utils:set_default_torch_dtype", "vllm.v1.attention.backend:CommonAttentionMetadata",
+    "vllm.v1.attention.backends.mamba2_attn:Mamba2AttentionMetadataBuilder",
+    "vllm.v1.kv_cache_interface:KVCacheConfig", "vllm.v1.kv_cache_interface:KVCacheGroupSpec")
 
 SSM_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")  # vLLM --mamba-ssm-cache-dtype
 # Per architecture: MambaMixer2's argument -> the config.json field vLLM 0.33's model file reads for it.
@@ -102,4 +116,4 @@ FAMILY = Family(
     unit=MODEL, tasks=_tasks, note="needs a hybrid model",
     default=lambda plan: bool(plan.model and _from_model(plan.model, plan)), from_model=_from_model,
     model_section=SECTION, model_owned=True, model_rank=2, check=_check, probe="tests/probes/mamba_keys.py",
-    gpu_check="mamba", proven="H200")
+    gpu_check="mamba", proven="H200", contacts=CONTACTS)

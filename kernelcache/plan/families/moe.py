@@ -5,6 +5,20 @@ from __future__ import annotations
 
 from ...errors import RecipeError
 from ..family import MODEL, Family, Task
+from ..releases import stable
+
+# The fused-MoE layer as the model builds it and its Triton experts (exercise/vllm_moe.py).
+CONTACTS = stable(
+    "vllm._custom_ops", "vllm.config:VllmConfig", "vllm.config:set_current_vllm_config",
+    "vllm.forward_context:set_forward_context", "vllm.model_executor.layers.fused_moe.fused_moe",
+    "vllm.model_executor.layers.fused_moe.fused_moe:fused_experts",
+    "vllm.model_executor.layers.fused_moe.fused_moe:fused_experts_impl",
+    "vllm.model_executor.layers.fused_moe.fused_moe:get_config_file_name",
+    "vllm.model_executor.layers.fused_moe.fused_moe:try_get_optimal_moe_config",
+    "vllm.model_executor.layers.fused_moe.layer:FusedMoEFactory",
+    "vllm.model_executor.layers.fused_moe.router.fused_topk_router:fused_topk",
+    "vllm.model_executor.layers.fused_moe.runner:moe_runner", "vllm.model_executor.layers.fused_moe:fused_moe",
+    "vllm.v1.worker:workspace")
 
 
 def _tasks(plan, vocab: int) -> tuple[Task, ...]:
@@ -41,4 +55,4 @@ FAMILY = Family(
            "model.dtype", "dtypes", "max_num_batched_tokens", "tensor_parallel_size"),
     unit=MODEL, tasks=_tasks, note="needs a MoE model", default=lambda plan: bool(plan.model and plan.model.is_moe),
     from_model=_from_model, model_owned=True, model_rank=1, check=_check, probe="tests/probes/moe_keys.py",
-    gpu_check="moe", proven="H200")
+    gpu_check="moe", proven="H200", contacts=CONTACTS)

@@ -5,6 +5,16 @@ tasks). The processed paths (registry, mrv1) run on float32 logits."""
 from __future__ import annotations
 
 from ..family import Family, Task
+from ..releases import Contact, stable
+
+# The fake target's vLLM side and the batch classes every exercise shares (exercise/vllm_sampler.py: setup_platform,
+# _require_triton, _sm_count, batch_classes).
+SHARED = stable("vllm.platforms", "vllm.platforms.interface:DeviceCapability", "vllm.platforms.interface:Platform",
+                "vllm.platforms.interface:PlatformEnum", "vllm.triton_utils:HAS_TRITON",
+                "vllm.utils.platform_utils:num_compute_units", "vllm.v1.sample.ops.topk_topp_triton:_topp_split_count")
+# vLLM 0.34 removed the V1 model runner (vllm/v1/worker/gpu_model_runner.py) and, with it, the V1 Sampler and
+# RejectionSampler: Model Runner V2 is its only runner (VLLM_USE_V2_MODEL_RUNNER is gone).
+V1_RUNNER_GONE = "vLLM 0.34 removed the V1 model runner, its Sampler and its rejection sampler"
 
 EXERCISE = "kernelcache.exercise.vllm_sampler"
 PROBE = "tests/probes/vllm_keys.py"
@@ -49,18 +59,27 @@ REGISTRY = Family(
     "registry", "every top-k/top-p key vLLM's JIT warmup registry enumerates", f"{EXERCISE}:registry",
     ("vllm.model_executor.warmup.jit_warmup", "vLLM's JIT warmup registry"),
     reads=("vocab", "max_num_seqs", "num_speculative_tokens", "dtypes"), tasks=_registry, probe=PROBE,
-    gpu_check="sampler", proven="H200")
+    gpu_check="sampler", proven="H200",
+    contacts=SHARED + stable("vllm.model_executor.warmup.jit_warmup:JitWarmupRegistry",
+                             "vllm.v1.sample.ops.topk_topp_sampler:register_top_k_top_p_warmups"))
 MRV1 = Family(
     "mrv1", "the V1 Sampler with seeded and unseeded requests, every batch class", f"{EXERCISE}:mrv1",
     ("vllm.v1.sample.sampler", "the V1 (MRV1) Sampler"),
     reads=("vocab", "max_num_seqs", "num_speculative_tokens", "modes", "seeded", "unseeded", "dtypes", "paths"),
-    tasks=_mrv1, probe=PROBE, gpu_check="sampler", proven="H200")
+    tasks=_mrv1, probe=PROBE, gpu_check="sampler", proven="H200", releases=("0.33",), lacks=V1_RUNNER_GONE,
+    contacts=SHARED + tuple(Contact(c.name, c.symbol, ("0.33",)) for c in stable(
+        "vllm.v1.sample.sampler:Sampler", "vllm.v1.sample.logits_processor:LogitsProcessors",
+        "vllm.v1.sample.metadata:SamplingMetadata")))
 MRV2 = Family(
     "mrv2", "Model Runner V2's temperature/min-p/top-k/top-p and Gumbel chain, raw-logits Gumbel",
     f"{EXERCISE}:mrv2", ("vllm.v1.worker.gpu.sample.gumbel", "Model Runner V2's Gumbel sampler"),
     reads=("vocab", "max_num_seqs", "num_speculative_tokens", "modes", "dtypes", "min_p", "fp64_gumbel"),
-    tasks=_mrv2, probe=PROBE, gpu_check="sampler", proven="H200")
+    tasks=_mrv2, probe=PROBE, gpu_check="sampler", proven="H200",
+    contacts=SHARED + stable("vllm.v1.sample.ops.topk_topp_sampler:apply_top_k_top_p",
+                             "vllm.v1.worker.gpu.sample.gumbel:apply_temperature",
+                             "vllm.v1.worker.gpu.sample.gumbel:gumbel_sample",
+                             "vllm.v1.worker.gpu.sample.min_p:apply_min_p"))
 FLASHINFER = Family(
     "flashinfer", "FlashInfer's sampling module (a CUDA module, built beside the Triton tasks)",
     f"{EXERCISE}:flashinfer", ("flashinfer", "flashinfer-python"), reads=("vocab",), unit="",
-    proven="H200 (cross builds)")
+    proven="H200 (cross builds)", contacts=stable("vllm.v1.sample.ops.topk_topp_sampler:flashinfer_sample"))

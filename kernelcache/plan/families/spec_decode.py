@@ -4,7 +4,14 @@ EAGLE kernels and ``RejectionSampler.forward`` over drafted batches."""
 from __future__ import annotations
 
 from ..family import Family, Task
-from .sampler import processed
+from ..releases import Contact
+from .sampler import V1_RUNNER_GONE, processed
+
+# The V1 runner's rejection sampler and EAGLE proposer kernels (exercise/vllm_spec_decode.py): 0.33 only.
+CONTACTS = tuple(Contact(symbol.rpartition(":")[2], symbol, ("0.33",)) for symbol in (
+    "vllm.model_executor.warmup.jit_warmup:JitWarmupRegistry", "vllm.v1.sample.rejection_sampler:GREEDY_TEMPERATURE",
+    "vllm.v1.sample.rejection_sampler:RejectionSampler", "vllm.v1.sample.sampler:Sampler",
+    "vllm.v1.spec_decode.metadata:SpecDecodeMetadata", "vllm.v1.spec_decode:utils"))
 
 
 def _tasks(plan, vocab: int) -> tuple[Task, ...]:
@@ -22,4 +29,4 @@ FAMILY = Family(
     ("vllm.v1.spec_decode.utils", "vLLM's speculative-decoding kernels"),
     reads=("vocab", "max_num_seqs", "num_speculative_tokens", "max_model_len", "dtypes", "fp64_gumbel"),
     tasks=_tasks, note="need drafts", needs_drafts=True, probe="tests/probes/spec_decode_keys.py",
-    gpu_check="spec_decode", proven="H200")
+    gpu_check="spec_decode", proven="H200", releases=("0.33",), lacks=V1_RUNNER_GONE, contacts=CONTACTS)
