@@ -211,6 +211,7 @@ def configure(args: list[str], profile: dict, shown: str) -> dict:
 
     PROFILE.clear()
     PROFILE.update(profile)
+    _inspect_here()
     _cached_get_attn_backend.cache_clear()  # its answer was for the last profile's capability
     parsed = _parse(args)
     try:
@@ -237,6 +238,15 @@ def configure(args: list[str], profile: dict, shown: str) -> dict:
         cudagraph_capture_sizes=tuple(compilation.cudagraph_capture_sizes or ()),
         hf_config=model.hf_config.to_dict(),
     ).to_dict()
+
+
+def _inspect_here() -> None:
+    """vLLM's model registry inspects a model class in a fresh interpreter (``registry._run_in_subprocess``, so that
+    the server's process does not initialise CUDA), where kernelcache's target platform is not vLLM's; this process
+    is itself a throwaway one without CUDA, so the same inspection runs here."""
+    from vllm.model_executor.models import registry
+
+    registry._run_in_subprocess = lambda fn: fn()
 
 
 def _refuse(exc: Exception) -> None:
