@@ -283,15 +283,19 @@ def _attention_backend(config: Any) -> str:
     return backend.get_name()
 
 
+def served_fa_version() -> int:
+    """The FlashAttention version vLLM runs on ``PROFILE``'s GPU with its own FlashAttention builds
+    (``fa_utils.get_flash_attn_version``: FA3 on Hopper, FA4 on Blackwell, FA2 otherwise)."""
+    return {9: 3, 10: 4}.get(int(PROFILE["arch"].removeprefix("sm_")) // 10, 2)
+
+
 @contextlib.contextmanager
 def served_flash_attn_version() -> Iterator[None]:
-    """FlashAttention's version is the one vLLM uses on the target with its own FlashAttention builds
-    (``fa_utils.get_flash_attn_version``: FA3 on Hopper, FA4 on Blackwell, FA2 otherwise), not what loads here
-    without a GPU (none, so vLLM's selector would pass over FLASH_ATTN)."""
+    """``get_flash_attn_version`` answers the target's version (``served_fa_version``), not what loads here without a
+    GPU (none, so vLLM's selector would pass over FLASH_ATTN)."""
     import importlib
 
-    version = {9: 3, 10: 4}.get(int(PROFILE["arch"].removeprefix("sm_")) // 10, 2)
-    _flash_attn_interface(version)
+    version = served_fa_version()
     modules = [importlib.import_module(f"vllm.v1.attention.backends.{name}") for name in ("fa_utils", "flash_attn")]
     saved = [module.get_flash_attn_version for module in modules]
     for module in modules:
@@ -303,10 +307,10 @@ def served_flash_attn_version() -> Iterator[None]:
             module.get_flash_attn_version = value
 
 
-def _flash_attn_interface(version: int) -> None:
+def flash_attn_interface() -> None:
     """vLLM's FlashAttention wrapper (``vllm.vllm_flash_attn``) refuses to import without its compiled CUDA
-    extensions, which a server has; the selector only asks it which FlashAttention version runs. Where it cannot
-    import, a stand-in answers that (``version``) and refuses any call."""
+    extensions, which a server has; the model's modules import it, and the selector asks it which FlashAttention
+    version runs. Where it cannot import, a stand-in answers that (``served_fa_version``) and refuses any call."""
     import types
 
     try:
@@ -319,9 +323,9 @@ def _flash_attn_interface(version: int) -> None:
         raise RuntimeError("FlashAttention's kernels are not loaded in kernelcache's configuration process")
 
     names = {"compile_flash_attn_varlen_func_from_specs": None, "flash_attn_varlen_func": unavailable,
-             "get_scheduler_metadata": unavailable, "is_fa_version_supported": lambda v: v == version,
-             "fa_version_unsupported_reason": lambda v: None if v == version else "not on this GPU",
-             "FA2_AVAILABLE": version == 2, "FA3_AVAILABLE": version == 3}
+             "get_scheduler_metadata": unavailable, "is_fa_version_supported": lambda v: v == served_fa_version(),
+             "fa_version_unsupported_reason": lambda v: None if v == served_fa_version() else "not on this GPU",
+             "FA2_AVAILABLE": True, "FA3_AVAILABLE": True}
     for name in ("vllm.vllm_flash_attn", "vllm.vllm_flash_attn.flash_attn_interface"):
         module = types.ModuleType(name)
         module.__dict__.update(names)
@@ -344,6 +348,7 @@ def main(request_file: str) -> int:
         return EXIT_MISSING
     PROFILE.update(request["profiles"][0])
     vllm.platforms._current_platform = target_platform()  # before vLLM's config modules import
+    flash_attn_interface()
     answer = {p["name"]: configure(request["args"], p, request["shown"]) for p in request["profiles"]}
     Path(request["answer"]).write_text(json.dumps(answer))
     return 0

@@ -540,6 +540,7 @@ def serve_request(plan: BuildPlan, given: PlanOverrides) -> ServeRequest | None:
     elif plan.command:
         command = ServeCommand.parse(plan.command)
     elif given.model_config:
+        _readable(given.model_config)
         folder = Path(given.model_config).parent
         return ServeRequest(ServeCommand((str(_staged(Path(given.model_config), folder.name)),)).plus(extra),
                             ServeCommand((str(folder),)).plus(extra).text, _model_name(folder.name))
@@ -552,8 +553,18 @@ def serve_request(plan: BuildPlan, given: PlanOverrides) -> ServeRequest | None:
     if config is None:
         raise RecipeError(f"{command.model}: not a local model directory and no config for it: give its config.json "
                           f"with --model-config (nothing is fetched)")
+    _readable(config)
     staged = _staged(Path(config), command.model)
     return ServeRequest(shown.with_model(str(staged)), shown.text, _model_name(command.model))
+
+
+def _readable(config: str | os.PathLike) -> None:
+    """kernelcache's own reading of a config.json first: a missing or bad field is named with its file, in one line
+    (a usage error, as for the other flags), before vLLM reads it."""
+    try:
+        load_config(config)
+    except RecipeError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _vllm_flags(given: PlanOverrides) -> dict[str, Any]:
