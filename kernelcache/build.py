@@ -176,6 +176,8 @@ def planned(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanO
         if base.command:
             raise RecipeError(f"{base.source}: its serve command needs the model's config")
         return base.override(given)
+    if not given.serve:
+        base.override(given)  # kernelcache's own checks of its flags first: a bad choice is named as before
     plan = base.override(PlanOverrides(gpus=given.gpus))
     if recipe is None:  # no recipe: every family the served model needs (plan/families/: each one's default)
         plan = replace(plan, paths=families.names())

@@ -212,6 +212,7 @@ def configure(args: list[str], profile: dict, shown: str) -> dict:
     PROFILE.clear()
     PROFILE.update(profile)
     _inspect_here()
+    capability_answers()
     _cached_get_attn_backend.cache_clear()  # its answer was for the last profile's capability
     parsed = _parse(args)
     try:
@@ -225,7 +226,7 @@ def configure(args: list[str], profile: dict, shown: str) -> dict:
     spec = config.speculative_config
     compilation = config.compilation_config
     return ServeConfig(
-        command=shown, vllm=vllm.__version__, config_hash=config.compute_hash(),
+        command=shown, vllm=vllm.__version__, config_hash=config_hash(config),
         architecture=model.architecture, dtype=str(model.dtype).removeprefix("torch."),
         vocab_size=model.get_vocab_size(), max_model_len=model.max_model_len, max_num_seqs=scheduler.max_num_seqs,
         max_num_batched_tokens=scheduler.max_num_batched_tokens, block_size=cache.block_size,
@@ -238,6 +239,17 @@ def configure(args: list[str], profile: dict, shown: str) -> dict:
         cudagraph_capture_sizes=tuple(compilation.cudagraph_capture_sizes or ()),
         hf_config=model.hf_config.to_dict(),
     ).to_dict()
+
+
+def config_hash(config: Any) -> str:
+    """vLLM's hash of the config, as its compile cache keys it: ``VllmConfig.compute_hash()`` (0.33), else
+    ``hash_factors(VllmConfig.compile_factors())`` (0.34, vllm/compilation/caching.py
+    ``compute_env_and_config_hashes``)."""
+    if hasattr(config, "compute_hash"):
+        return config.compute_hash()
+    from vllm.config.utils import hash_factors
+
+    return hash_factors(config.compile_factors())
 
 
 def _inspect_here() -> None:
@@ -330,6 +342,22 @@ def flash_attn_interface() -> None:
         module = types.ModuleType(name)
         module.__dict__.update(names)
         sys.modules[name] = module
+
+
+def capability_answers() -> None:
+    """vLLM's model modules ask its compiled ops at import which CUTLASS FP8 GEMMs the GPU has
+    (``_custom_ops.cutlass_scaled_mm_supports_fp8`` / ``..._block_fp8``, csrc/quantization/w8a8/cutlass/
+    scaled_mm_entry.cu: FP8 from sm_89, block FP8 from sm_90); where those ops are not loaded (no CUDA driver here),
+    the same answers come from the profile's capability."""
+    import torch
+    from vllm import _custom_ops
+
+    capability = int(PROFILE["arch"].removeprefix("sm_"))
+    answers = {"cutlass_scaled_mm_supports_fp8": lambda cap=capability: cap >= 89,
+               "cutlass_scaled_mm_supports_block_fp8": lambda cap=capability: cap >= 90}
+    for name, answer in answers.items():
+        if not hasattr(torch.ops._C, name) and hasattr(_custom_ops, name):
+            setattr(_custom_ops, name, lambda cuda_device_capability=0, answer=answer: answer())
 
 
 def _gdn_prefill_backend(config: Any) -> str:

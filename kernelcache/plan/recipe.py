@@ -541,6 +541,8 @@ def serve_request(plan: BuildPlan, given: PlanOverrides) -> ServeRequest | None:
         command = ServeCommand.parse(plan.command)
     elif given.model_config:
         _readable(given.model_config)
+        if not _hugging_face_config(given.model_config):
+            return None  # a config.json of only the fields kernelcache reads: kernelcache's own planning
         folder = Path(given.model_config).parent
         return ServeRequest(ServeCommand((str(_staged(Path(given.model_config), folder.name)),)).plus(extra),
                             ServeCommand((str(folder),)).plus(extra).text, _model_name(folder.name))
@@ -565,6 +567,14 @@ def _readable(config: str | os.PathLike) -> None:
         load_config(config)
     except RecipeError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _hugging_face_config(config: str | os.PathLike) -> bool:
+    """Whether vLLM can read the file as a model's config: transformers needs its ``model_type``."""
+    try:
+        return "model_type" in json.loads(Path(config).read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def _vllm_flags(given: PlanOverrides) -> dict[str, Any]:
