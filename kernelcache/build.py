@@ -138,10 +138,7 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="kernelcache-build-"))
     keep = workdir is not None
-    if cache is None and sum(t.mode == "cross" for t in targets) > 1:
-        cache = for_one_build(scratch)  # the targets share units: what they use must be logged by key
-        shutil.rmtree(cache.location, ignore_errors=True)  # a kept workdir's earlier build shares nothing
-    records = _unit_records(cache, targets)
+    records = None
 
     def one(target: BuildTarget, slots: threading.Semaphore | None = None) -> TargetResult:
         work = scratch / target.label
@@ -152,6 +149,10 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
                                      slots), signer)
 
     try:
+        if cache is None and sum(t.mode == "cross" for t in targets) > 1:
+            cache = for_one_build(scratch)  # the targets share units: what they use must be logged by key
+            shutil.rmtree(cache.location, ignore_errors=True)  # a kept workdir's earlier build shares nothing
+        records = _unit_records(cache, targets)
         results = _each_target(targets, one, jobs, records)
     except BaseException as exc:
         _remove_empty(made)

@@ -211,7 +211,7 @@ def test_a_plain_form_parses_as_click_parses_it(args, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "B").write_text("")  # run's --bundle must exist for click
     verb, options, positionals = parse(args)
-    params = cli.commands[verb].make_context(verb, args[1:]).params
+    params = cli.commands[verb].make_context(verb, args[1:], help_option_names=["-h", "--help"]).params  # as main's
     names = {"--cache-dir": "cache_dir", "--json": "as_json", "--no-gpu-check": "no_gpu_check", "--bundle": "bundle",
              "--require-signature": "require_signature", "--trusted-key": "trusted_keys", "--gpu": "gpu",
              "--arch": "arch", "--strict": "strict"}

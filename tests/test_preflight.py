@@ -52,15 +52,29 @@ def nothing_left(tmp: Path) -> None:
 
 
 def stub_vllm(site: Path, init: str = "") -> Path:
-    """A ``vllm`` package with the files the registry and flashinfer paths need found on disk."""
-    package = site / "vllm"
-    for folder in (package, package / "model_executor", package / "model_executor" / "warmup"):
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "__init__.py").write_text("")
-    (package / "__init__.py").write_text(init)
-    (package / "model_executor" / "warmup" / "jit_warmup.py").write_text("")
-    (site / "flashinfer").mkdir(exist_ok=True)  # and a flashinfer package, found on disk
-    (site / "flashinfer" / "__init__.py").write_text("")
+    """A ``vllm`` 0.33.0 (its metadata) whose files the registry and flashinfer paths need are found on disk (the
+    modules the families require and their contact points there), and a ``flashinfer`` package."""
+    from kernelcache.plan import families, releases
+
+    paths = ("registry", "flashinfer")
+    modules = {families.get(p).requires[0] for p in paths}
+    modules |= {c.module for p in paths for c in releases.current(families.get(p).contacts, "0.33.0")}
+    site.mkdir(parents=True, exist_ok=True)
+    for module in sorted(m for m in modules if m.startswith("vllm.")):
+        parts = module.split(".")
+        for depth in range(1, len(parts)):
+            folder = site.joinpath(*parts[:depth])
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "__init__.py").touch()
+        leaf = site.joinpath(*parts)
+        if not leaf.is_dir():
+            leaf.with_suffix(".py").touch()
+    (site / "flashinfer").mkdir(exist_ok=True)
+    (site / "flashinfer" / "__init__.py").touch()
+    (site / "vllm" / "__init__.py").write_text(init)
+    info = site / "vllm-0.33.0.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.33.0\n")
     return site
 
 
@@ -128,15 +142,16 @@ def test_the_fix_the_clash_names_repairs_it(clashing, tmp_path):
 
 
 def test_a_failed_exercise_leaves_its_log_and_no_scratch_or_output_dir(tmp_path):
-    """A build that fails after the preflight (here: vLLM imports but lacks vllm.platforms) removes its scratch dir
-    and the output dir it made; the logs its error names are kept in one file beside where the scratch dir was."""
+    """A build that fails after the preflight (here: the stub vLLM imports but its modules are empty) removes its
+    scratch dir and the output dir it made; the logs its error names are kept in one file beside where the scratch
+    dir was."""
     site = stub_vllm(tmp_path / "site")
     done, _ = build_in(Path(sys.executable), tmp_path, *SMALL, "--path", "registry", pythonpath=str(site))
     assert done.returncode == 51, done.stderr[-2000:]
     [line] = done.stderr.strip().splitlines()
     [log] = (tmp_path / "t").iterdir()
     assert log.name.startswith("kernelcache-build-") and log.suffix == ".log" and str(log) in line
-    assert "No module named 'vllm.platforms'" in log.read_text() and "Traceback" in log.read_text()
+    assert '"ok": false' in log.read_text() and "Traceback" in log.read_text()  # the exercise's own result
     assert not (tmp_path / "out").exists()
 
 

@@ -102,12 +102,17 @@ def make_driver(capability: int, sm_count: int, prebuild: bool):
     return FakeCudaDriver()
 
 
-def activate(capability: int, sm_count: int, prebuild: bool = True, stub_dir: str | None = None):
-    """Make Triton compile for ``sm_<capability>`` in this process. Call before any kernel runs."""
+def activate(capability: int, sm_count: int, prebuild: bool = True, stub_dir: str | None = None,
+             extra_symbols: tuple[str, ...] = (), definitions: dict[str, str] | None = None):
+    """Make Triton compile for ``sm_<capability>`` in this process. Call before any kernel runs.
+
+    ``extra_symbols``: driver entry points the stub defines beyond Triton's (those other libraries loaded in this
+    process reference, e.g. vLLM's compiled extensions: exercise/fake_cuda_runtime.py's ``driver_symbols_of``);
+    ``definitions``: C definitions of entry points that must succeed rather than fail (by name)."""
     import triton
 
     if prebuild:
-        stub = build_libcuda_stub(stub_dir)
+        stub = build_libcuda_stub(stub_dir, extra_symbols, definitions)
         os.environ["TRITON_LIBCUDA_PATH"] = str(stub)
         # Loaded by soname first, so the launchers Triton builds and imports resolve against it.
         ctypes.CDLL(str(stub / "libcuda.so.1"), mode=ctypes.RTLD_GLOBAL)
@@ -184,14 +189,18 @@ def libcuda_symbols() -> list[str]:
     return sorted(n for n in names if not _TYPEDEF.search(n))
 
 
-def build_libcuda_stub(directory: str | None = None) -> Path:
+def build_libcuda_stub(directory: str | None = None, extra_symbols: tuple[str, ...] = (),
+                       definitions: dict[str, str] | None = None) -> Path:
     """A ``libcuda.so.1`` defining the driver symbols (each fails with CUDA_ERROR_UNKNOWN), for linking only.
 
     Without ``directory``, a per-user one named by the stub's source (``stub_home``): from Triton 3.7 the cache
     key of ``cuda_utils`` hashes the library dirs it links against (``_get_cache_manager`` in
     triton/runtime/build.py), so every build that links against the same dir gives ``cuda_utils`` the same key
     (and the same bundle bytes, and one build-cache entry)."""
-    source = "".join(f"int {name}(void) {{ return 999; }}\n" for name in libcuda_symbols())
+    definitions = definitions or {}
+    names = sorted((set(libcuda_symbols()) | set(extra_symbols)) - set(definitions))
+    source = "".join(f"int {name}(void) {{ return 999; }}\n" for name in names)
+    source += "".join(f"{definitions[name]}\n" for name in sorted(definitions))
     out = Path(directory) if directory is not None else stub_home(source)
     target = out / "libcuda.so.1"
     if target.exists():
