@@ -20,6 +20,16 @@ STACKS=${STACKS:-lab serving}
 # CI builds FlashInfer's sampling module once (about 100 s); without it the FlashInfer tests would skip.
 export KERNELCACHE_SETUP_FLASHINFER=${KERNELCACHE_SETUP_FLASHINFER:-1}
 if [ "$KERNELCACHE_SETUP_FLASHINFER" = 1 ]; then export KERNELCACHE_REQUIRE_FLASHINFER=1; fi
+# Every test process imports torch and vLLM (or Triton) from venvs that uv installed without .pyc files; where
+# PYTHONDONTWRITEBYTECODE is set (many CI images set it), each one would compile their Python again: about 10 s of
+# CPU per process that imports vLLM, and the suite starts some hundred. Python writes it once, to build/pycache
+# (the venvs stay as setup.sh made them).
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX="$PWD/build/pycache"
+# The vLLM builds of both streams share one build cache, new for each run (tests/conftest.py build_cache): what one
+# test's build compiled, a later build takes instead of compiling it again.
+export KERNELCACHE_TEST_BUILD_CACHE="${TMPDIR:-/tmp}/kernelcache-tests-build-cache"
+rm -rf "$KERNELCACHE_TEST_BUILD_CACHE"
 started=$(date +%s)
 stamp() { echo "test.sh: $1 at +$(( $(date +%s) - started ))s"; }
 serving=0
@@ -64,23 +74,21 @@ if [ "$serving" = 1 ]; then
 fi
 .venv-lab/bin/ruff check kernelcache tests scripts
 
-# The serving-stack tests, once its venvs are set up (in the background since the lab venv was).
-serving_tests() {
+# The serving stack's venvs, once set up (in the background since the lab venv was).
+serving_ready() {
   while [ ! -f build/serving-setup.rc ]; do sleep 5; done
   if [ "$(cat build/serving-setup.rc)" != 0 ]; then
     tail -20 build/serving-setup.log
     echo "test.sh: setting up the serving stack failed (build/serving-setup.log)"
     return 1
   fi
-  stamp "serving stack set up (.venv, .venv-serve, .venv-0.34)"
-  KERNELCACHE_SERVING_VENV=$PWD/.venv KERNELCACHE_SERVING_VENV2=$PWD/.venv-serve \
-    KERNELCACHE_SERVING_VENV_034=$PWD/.venv-0.34 KERNELCACHE_REQUIRE_SERVING=1 \
-    pytest_run serving -m serving "$@"
 }
 
 # Two streams, one per core of a 2-core CI machine: most tests run one process at a time, so together they take
-# about as long as the longer stream. A: the quick tests, then the serving stack's; B: the slow builds (the
-# model families' cross builds). Each stream's output is printed whole once it ends.
+# about as long as the longer stream. A runs the quick tests; the slow tests (the model families' cross builds)
+# and the serving stack's run one pytest per file and kind, each taken once by whichever stream is free: B from
+# the start, slow files first, A once its quick tests are done, serving files first. So both streams end close
+# together. Each stream's output is printed whole once it ends.
 stream() {
   local name=$1 rc=0
   shift
@@ -88,13 +96,65 @@ stream() {
   stamp "stream $name done (exit $rc)" >> "build/test-$name.log"
   return "$rc"
 }
-quick_then_serving() {
+# The longest slow files known go first: the last file taken decides how far apart the streams end.
+SLOW_FIRST="test_exercise_records test_build_vllm test_device_keys test_build_gdn test_build_flashinfer_attention"
+SLOW="slow and not serving"
+rm -rf build/test-jobs build/test-claims
+# The files with tests of marker expression $1, as pytest collects them.
+files_of() {
+  local rc=0 listed
+  listed=$(.venv-lab/bin/python -m pytest -q -p no:cacheprovider --collect-only -m "$1" "${@:2}") || rc=$?
+  [ "$rc" = 0 ] || [ "$rc" = 5 ] || { echo "$listed" | tail -30 >&2; return "$rc"; }
+  echo "$listed" | sed -n 's/::.*//p' | awk '!seen[$0]++'
+}
+# build/test-jobs: a line "slow FILE" or "serving FILE" per job.
+collect_jobs() {
+  local slow served="" name file
+  slow=$(files_of "$SLOW" "$@") || return
+  if [ "$serving" = 1 ]; then served=$(files_of serving "$@") || return; fi
+  { for name in $SLOW_FIRST; do echo "$slow" | grep -Fx "tests/$name.py" | sed 's/^/slow /' || true; done
+    for file in $slow; do [[ " $SLOW_FIRST " == *" $(basename "$file" .py) "* ]] || echo "slow $file"; done
+    for file in $served; do echo "serving $file"; done
+  } > build/test-jobs.tmp
+  mv build/test-jobs.tmp build/test-jobs
+}
+run_job() {
+  local kind=$1 file=$2 name
+  shift 2
+  name=$(basename "$file" .py)
+  mkdir "build/test-claims/$kind-$name" 2>/dev/null || return 0  # another stream took it
+  stamp "$kind $file taken"
+  if [ "$kind" = slow ]; then pytest_run "slow-$name" -m "$SLOW" "$file" "$@"; return; fi
+  serving_ready || return
+  KERNELCACHE_SERVING_VENV=$PWD/.venv KERNELCACHE_SERVING_VENV2=$PWD/.venv-serve \
+    KERNELCACHE_SERVING_VENV_034=$PWD/.venv-0.34 KERNELCACHE_REQUIRE_SERVING=1 \
+    pytest_run "serving-$name" -m serving "$file" "$@"
+}
+# Every job of kind $1 no stream has taken yet, then those of the other kind.
+take_jobs() {
+  local first=$1 rc=0 line jobs
+  shift
+  while [ ! -f build/test-jobs ]; do
+    [ -f build/test-claims/failed ] && return 1
+    sleep 5
+  done
+  mapfile -t jobs < build/test-jobs
+  for line in "${jobs[@]}"; do [ "${line%% *}" = "$first" ] && { run_job $line "$@" || rc=1; }; done
+  for line in "${jobs[@]}"; do [ "${line%% *}" = "$first" ] || { run_job $line "$@" || rc=1; }; done
+  return "$rc"
+}
+collect_then_jobs() {
+  mkdir -p build/test-claims
+  collect_jobs "$@" || { touch build/test-claims/failed; return 1; }
+  take_jobs slow "$@"
+}
+quick_then_jobs() {
   pytest_run quick -m "not serving and not slow" "$@" || return
   stamp "quick tests done"
-  if [ "$serving" = 1 ]; then serving_tests "$@"; fi
+  take_jobs serving "$@"
 }
-stream A quick_then_serving "$@" & a=$!
-stream B pytest_run slow -m "slow and not serving" "$@" & b=$!
+stream A quick_then_jobs "$@" & a=$!
+stream B collect_then_jobs "$@" & b=$!
 failed=0
 for pair in "A $a" "B $b"; do
   set -- $pair

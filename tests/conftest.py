@@ -22,16 +22,43 @@ from helpers.fast import pytest_configure, pytest_ignore_collect  # noqa: F401
 os.environ["KERNELCACHE_BUILD_CACHE"] = "off"
 
 
+class KernelBuilds:
+    """The test kernels compiled for sm_90 and sm_100 into fresh caches, each on first use: {capability: (cache,
+    compile log, records)}. A session that only needs sm_90 (the slow stream) runs one exercise process, not two."""
+
+    CAPABILITIES = (90, 100)
+
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        self._factory = factory
+        self._made: dict[int, tuple[Path, Path, list[dict]]] = {}
+
+    def __getitem__(self, capability: int) -> tuple[Path, Path, list[dict]]:
+        if capability not in self._made:
+            work = self._factory.mktemp(f"build{capability}")
+            result, records = run_job(work, work / "cache", capability)
+            assert result["ok"] and records
+            self._made[capability] = (work / "cache", work / "compiles.jsonl", records)
+        return self._made[capability]
+
+    def items(self) -> list[tuple[int, tuple[Path, Path, list[dict]]]]:
+        return [(capability, self[capability]) for capability in self.CAPABILITIES]
+
+
 @pytest.fixture(scope="session")
-def built(tmp_path_factory):
-    """Test kernels compiled for sm_90 and sm_100 into fresh caches: {capability: (cache, log)}."""
-    caches = {}
-    for capability in (90, 100):
-        work = tmp_path_factory.mktemp(f"build{capability}")
-        result, records = run_job(work, work / "cache", capability)
-        assert result["ok"] and records
-        caches[capability] = (work / "cache", work / "compiles.jsonl", records)
-    return caches
+def built(tmp_path_factory) -> KernelBuilds:
+    """Test kernels compiled for sm_90 and sm_100 into fresh caches: {capability: (cache, log, records)}."""
+    return KernelBuilds(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def build_cache(tmp_path_factory) -> Path:
+    """One build cache for the session's cross builds of vLLM's paths: a kernel, gcc-built module or exercise unit
+    one test's build compiled, a later build takes (by Triton key: into the same bundle bytes a build without it
+    writes, tests/test_build_cache.py). A test that asserts what a cold build compiled or ran names no build cache
+    (conftest's ``KERNELCACHE_BUILD_CACHE=off``) or its own. KERNELCACHE_TEST_BUILD_CACHE names a directory to use
+    instead: scripts/test.sh gives both streams the same one."""
+    shared = os.environ.get("KERNELCACHE_TEST_BUILD_CACHE")
+    return Path(shared) if shared else tmp_path_factory.mktemp("build-cache")
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ KERNELS = {"kernel_unified_attention", "reduce_segments", "reshape_and_cache_ker
 
 
 @pytest.fixture(scope="module")
-def attention_build(tmp_path_factory) -> tuple[Path, dict]:
+def attention_build(tmp_path_factory, build_cache) -> tuple[Path, dict]:
     """The bundle and the task's summary; ``paths=["registry"]`` with bf16 logits gives the sampler nothing
     to run, so the attention task is the build's only work."""
     out = tmp_path_factory.mktemp("attention")
@@ -42,7 +42,8 @@ def attention_build(tmp_path_factory) -> tuple[Path, dict]:
         **LLAMA_31_8B, "max_num_seqs": SEQS, "max_model_len": MAX_LEN, "max_num_batched_tokens": TOKENS},
         label="attention")
     result = kernelcache.build(ARCH, gpus=[GPU], paths=["registry"], dtypes=["bfloat16"], mode="cross",
-                               extra_tasks=(task,), output_dir=out / "bundles", workdir=out / "work")
+                               extra_tasks=(task,), output_dir=out / "bundles", workdir=out / "work",
+                               build_cache=str(build_cache))
     (bundle,) = result.bundles
     (job,) = (out / "work").glob("*/jobs/extra/job.json.result")
     (summary,) = [t["summary"] for t in json.loads(job.read_text())["tasks"] if t["label"] == "attention"]

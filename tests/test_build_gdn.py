@@ -54,7 +54,7 @@ QWEN3_5_DRAFTS = {**LAYER, "layout": "flat", "num_speculative_tokens": 2, "mamba
 
 
 @pytest.fixture(scope="module")
-def gdn_build(tmp_path_factory) -> tuple[Path, dict]:
+def gdn_build(tmp_path_factory, build_cache) -> tuple[Path, dict]:
     """The bundle and the task's summary, built as users build it: ``--model-config`` with a Qwen3-Next
     config.json (the plan maps its fields to the task's, plan/model.py) and ``--path gdn`` only."""
     from kernelcache.build import build
@@ -65,13 +65,13 @@ def gdn_build(tmp_path_factory) -> tuple[Path, dict]:
     config.write_text(json.dumps(CONFIG))
     result = build(ARCH, gpus=[GPU], model_config=str(config), paths=["gdn"], max_num_seqs=MAX_SEQS,
                    max_num_batched_tokens=MAX_TOKENS, gdn_prefill_backend="triton", mode="cross",
-                   output_dir=out / "bundles", workdir=out / "work")
+                   output_dir=out / "bundles", workdir=out / "work", build_cache=str(build_cache))
     (bundle,) = result.bundles
     return Path(bundle.path), summary_of(out / "work", "model")
 
 
 @pytest.fixture(scope="module")
-def drafts_build(tmp_path_factory) -> tuple[Path, dict]:
+def drafts_build(tmp_path_factory, build_cache) -> tuple[Path, dict]:
     """Decode batches with two drafts per request on a Qwen3.5 layer: the task alone (``paths=["registry"]``
     with bf16 logits gives the sampler nothing to run)."""
     from kernelcache.build import build
@@ -81,7 +81,7 @@ def drafts_build(tmp_path_factory) -> tuple[Path, dict]:
         **QWEN3_5_DRAFTS, "dtype": "bfloat16", "max_num_seqs": MAX_SEQS, "max_num_batched_tokens": MAX_TOKENS,
         "entries": ["decode"]}, label="gdn")
     result = build(ARCH, gpus=[GPU], paths=["registry"], dtypes=["bfloat16"], mode="cross", extra_tasks=(task,),
-                   output_dir=out / "bundles", workdir=out / "work")
+                   output_dir=out / "bundles", workdir=out / "work", build_cache=str(build_cache))
     (bundle,) = result.bundles
     return Path(bundle.path), summary_of(out / "work", "extra")
 

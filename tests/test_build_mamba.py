@@ -43,7 +43,7 @@ PLAIN = {"_causal_conv1d_fwd_kernel", "_causal_conv1d_update_kernel", "_selectiv
 
 
 @pytest.fixture(scope="module")
-def mamba_build(tmp_path_factory) -> tuple[Path, dict]:
+def mamba_build(tmp_path_factory, build_cache) -> tuple[Path, dict]:
     """The bundle and the task's summary, built as users build it: ``--model-config`` with a Nemotron-H
     config.json (the plan maps its fields to the task's, plan/model.py) and ``--path mamba`` only."""
     from kernelcache.build import build
@@ -54,7 +54,7 @@ def mamba_build(tmp_path_factory) -> tuple[Path, dict]:
     config.write_text(json.dumps(CONFIG))
     result = build(ARCH, gpus=[GPU], model_config=str(config), paths=["mamba"], max_num_seqs=MAX_SEQS,
                    max_num_batched_tokens=MAX_TOKENS, mode="cross", output_dir=out / "bundles",
-                   workdir=out / "work")
+                   workdir=out / "work", build_cache=str(build_cache))
     (bundle,) = result.bundles
     (job,) = (out / "work").glob("*/jobs/model/job.json.result")
     (summary,) = [t["summary"] for t in json.loads(job.read_text())["tasks"] if t["label"] == "mamba"]

@@ -34,7 +34,7 @@ C_OPS = {"_moe_C::topk_softmax", "_moe_C::moe_align_block_size", "_C::silu_and_m
 
 
 @pytest.fixture(scope="module")
-def moe_build(tmp_path_factory) -> tuple[Path, dict]:
+def moe_build(tmp_path_factory, build_cache) -> tuple[Path, dict]:
     """The bundle and the task's summary. ``paths=["registry"]`` with bf16 logits only gives the sampler
     nothing to run (its registry path needs float32), so the MoE task is the build's only work."""
     from kernelcache.build import build
@@ -43,7 +43,7 @@ def moe_build(tmp_path_factory) -> tuple[Path, dict]:
     task = Task("kernelcache.exercise.vllm_moe:moe", {**QWEN3_30B_A3B, "max_num_batched_tokens": MAX_M,
                                                       "entries": ENTRIES}, label="moe")
     result = build(ARCH, gpus=[GPU], paths=["registry"], dtypes=["bfloat16"], mode="cross", extra_tasks=(task,),
-                   output_dir=out / "bundles", workdir=out / "work")
+                   output_dir=out / "bundles", workdir=out / "work", build_cache=str(build_cache))
     (bundle,) = result.bundles
     (job,) = (out / "work").glob("*/jobs/extra/job.json.result")
     (summary,) = [t["summary"] for t in json.loads(job.read_text())["tasks"] if t["label"] == "moe"]

@@ -33,13 +33,13 @@ SPEC = {"_gather_draft_sampled_kernel", "_compute_local_logits_stats_kernel", "_
 
 
 @pytest.fixture(scope="module")
-def build(tmp_path_factory) -> tuple[Path, dict]:
+def build(tmp_path_factory, build_cache) -> tuple[Path, dict]:
     """The bundle and the task's summary, built as users build it (``--path mrv2_spec_decode`` with drafts)."""
     out = tmp_path_factory.mktemp("mrv2spec")
     result = kernelcache.build(ARCH, gpus=[GPU], vocabs=[VOCAB], paths=["mrv2_spec_decode"],
                                dtypes=["bfloat16", "float32"], max_num_seqs=SEQS, num_speculative_tokens=K,
                                max_model_len=MAX_LEN, max_num_batched_tokens=TOKENS, mode="cross",
-                               output_dir=out / "bundles", workdir=out / "work")
+                               output_dir=out / "bundles", workdir=out / "work", build_cache=str(build_cache))
     (bundle,) = result.bundles
     (job,) = (out / "work").glob(f"*/jobs/{VOCAB}/job.json.result")
     (summary,) = [t["summary"] for t in json.loads(job.read_text())["tasks"] if t["label"] == "mrv2_spec_decode"]

@@ -35,13 +35,14 @@ SAMPLER = {"_penalties_kernel", "_bincount_kernel", "_bias_kernel", "_bad_words_
 
 
 @pytest.fixture(scope="module")
-def runner_build(tmp_path_factory) -> Path:
+def runner_build(tmp_path_factory, build_cache) -> Path:
     out = tmp_path_factory.mktemp("runner")
     task = Task("kernelcache.exercise.vllm_runner:runner", {
         "vocab": VOCAB, "max_num_seqs": SEQS, "max_model_len": MAX_LEN, "max_num_batched_tokens": TOKENS,
         "dtypes": ["bfloat16", "float32"]}, label="runner")
     result = kernelcache.build(ARCH, gpus=[GPU], vocabs=[VOCAB], paths=["registry"], dtypes=["bfloat16"],
-                               max_num_seqs=SEQS, mode="cross", extra_tasks=(task,), output_dir=out)
+                               max_num_seqs=SEQS, mode="cross", extra_tasks=(task,), output_dir=out,
+                               build_cache=str(build_cache))
     (bundle,) = result.bundles
     return bundle.path
 

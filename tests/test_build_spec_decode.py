@@ -29,11 +29,12 @@ REJECTION = {"rejection_greedy_sample_kernel", "rejection_random_sample_kernel",
 
 
 @pytest.fixture(scope="module")
-def spec_build(tmp_path_factory) -> Path:
+def spec_build(tmp_path_factory, build_cache) -> Path:
     out = tmp_path_factory.mktemp("spec")
     done = kc("build", "--arch", ARCH, "--gpu", GPU, "--vocab", str(VOCAB), "--dtype", "float32",
               "--path", "mrv1_spec_decode", "--num-speculative-tokens", str(SPEC), "--max-num-seqs", str(SEQS),
-              "--max-model-len", "4096", "--mode", "cross", "-o", str(out), "--json", check=True, timeout=1500)
+              "--max-model-len", "4096", "--mode", "cross", "-o", str(out), "--build-cache", str(build_cache), "--json",
+              check=True, timeout=1500)
     return Path(json.loads(done.stdout)[0]["bundles"][0]["path"])
 
 

@@ -30,14 +30,14 @@ TARGETS = {"sm_90": ("sm_90", "h200", 132, 151665), "sm_100": ("sm_100", "b200",
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory):
+def builds(tmp_path_factory, build_cache):
     """One cross build per arch, made on first use and shared by every test of the module."""
     made = {}
 
     def get(arch: str):
         if arch not in made:
             _, gpu, sms, vocab = TARGETS[arch]
-            result = build_once(arch, gpu, vocab, tmp_path_factory.mktemp(f"build-{arch}"))
+            result = build_once(arch, gpu, vocab, tmp_path_factory.mktemp(f"build-{arch}"), build_cache)
             made[arch] = (arch, gpu, sms, vocab, Path(result[0]["bundles"][0]["path"]), result[0])
         return made[arch]
 
@@ -49,34 +49,47 @@ def cross_build(request, builds):
     return builds(request.param)
 
 
-def build_once(arch: str, gpu: str, vocab: int, out: Path) -> dict:
+def build_once(arch: str, gpu: str, vocab: int, out: Path, cache: Path) -> dict:
     done = kc("build", "--arch", arch, "--gpu", gpu, "--vocab", str(vocab), "--dtype", "float32", "--path", "registry",
-              "--path", "mrv1", "--path", "mrv2", "--mode", "cross", "-o", str(out), "--json", check=True, timeout=1200)
+              "--path", "mrv1", "--path", "mrv2", "--mode", "cross", "-o", str(out), "--build-cache", str(cache),
+              "--json", check=True, timeout=1200)
     return json.loads(done.stdout)
 
 
-def test_the_same_build_twice_gives_the_same_bytes(tmp_path):
+def small_build(out: Path, *extra: str) -> tuple[Path, dict]:
+    """MRV2's sampler for 4 sequences on sm_90: (its bundle, the build's JSON)."""
+    done = kc("build", "--arch", "sm_90", "--gpu", "h200", "--vocab", "151665", "--dtype", "float32", "--path", "mrv2",
+              "--max-num-seqs", "4", "--mode", "cross", "-o", str(out), "--json", *extra, check=True, timeout=1200)
+    [result] = json.loads(done.stdout)
+    return Path(result["bundles"][0]["path"]), result
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory, build_cache) -> Path:
+    """A small vLLM bundle (``small_build``), built with the session's build cache (the 3-path sm_90 build takes its
+    27 kernels from there): the first of test_the_same_build_twice's builds, and what a test that needs some bundle
+    of vLLM's kernels and gcc-built modules reads."""
+    return small_build(tmp_path_factory.mktemp("small"), "--build-cache", str(build_cache))[0]
+
+
+def test_the_same_build_twice_gives_the_same_bytes(small, tmp_path):
     # A small build is enough: what makes bytes reproducible (archive order, mtimes, build.reproducible_cc for the
     # gcc-built launchers and cuda_utils) does not depend on the target or the number of kernels, and rebuilding
     # the module's whole build would cost CI four more minutes.
-    # The second build signs its bundle inline (build --sign): the signature sits beside it, the bytes are the same.
+    # The second build compiles everything (no build cache) and signs its bundle inline (build --sign): the signature
+    # sits beside it, the bytes are the same.
     from helpers.keys import write_pair
 
     from kernelcache.bundle.signature import signature_info
 
     key, public, fingerprint = write_pair(tmp_path, "ci")
-    bundles = []
-    for run, sign in (("first", []), ("second", ["--sign", str(key)])):
-        done = kc("build", "--arch", "sm_90", "--gpu", "h200", "--vocab", "151665", "--dtype", "float32", "--path",
-                  "mrv2", "--max-num-seqs", "4", "--mode", "cross", "-o", str(tmp_path / run), "--json", *sign,
-                  check=True, timeout=1200)
-        bundles.append(Path(json.loads(done.stdout)[0]["bundles"][0]["path"]))
-    modules = {m.kind for m in archive.read_manifest(bundles[0]).modules}
+    signed, result = small_build(tmp_path / "second", "--no-build-cache", "--sign", str(key))
+    modules = {m.kind for m in archive.read_manifest(small).modules}
     assert "cuda_utils" in modules  # a gcc-built module is among the bytes compared
-    assert bundles[1].read_bytes() == bundles[0].read_bytes()
-    assert json.loads(done.stdout)[0]["signatures"][0]["signer"] == fingerprint
-    assert signature_info(bundles[1], (str(public),)).status == "trusted"
-    assert signature_info(bundles[0]).status == "unsigned"
+    assert signed.read_bytes() == small.read_bytes()
+    assert result["signatures"][0]["signer"] == fingerprint
+    assert signature_info(signed, (str(public),)).status == "trusted"
+    assert signature_info(small).status == "unsigned"
 
 
 def test_build_lists_every_registry_variant(cross_build):
@@ -141,13 +154,13 @@ def test_missing_path_is_named(tmp_path):
     assert done.returncode == 31 and "'mrv2' path" in done.stderr and "gumbel" in done.stderr
 
 
-def test_verify_without_file_takes_every_helper_module_from_the_bundle(builds, tmp_path):
+def test_verify_without_file_takes_every_helper_module_from_the_bundle(small, tmp_path):
     """Without file(1), Triton 3.6 keys every launcher and cuda_utils differently from the build (platform_key()):
     each is taken from the bundle (runtime/site/kernelcache_prebuilt.py), none built with gcc. (Under Triton 3.8
     only cuda_utils is a module, and its key differs anyway: the same holds.)"""
-    _, _, _, _, bundle, _ = builds("sm_90")
     from test_prebuilt_helpers import no_file_path
 
+    bundle = small
     done = kc("verify", str(bundle), "--json", env={"PATH": no_file_path(tmp_path)}, check=True)
     report = json.loads(done.stdout)
     assert report["ok"] and report["compiles"] == 0 and report["gcc_builds"] == [] and report["files_written"] == []

@@ -35,25 +35,26 @@ TINY = {**MIXTRAL, "hidden_size": 256, "intermediate_size": 64}
 MAX_M = 4
 
 
-def model_build(tmp: Path, name: str, config: dict, *gpus: str) -> dict[str, Path]:
+def model_build(tmp: Path, name: str, config: dict, cache: Path, *gpus: str) -> dict[str, Path]:
     (tmp / name).mkdir()
     (tmp / name / "config.json").write_text(json.dumps(config))
     gpu_flags = [flag for g in gpus for flag in ("--gpu", g)]
     kc("build", "--arch", "sm_90", "--model-config", str(tmp / name / "config.json"), *gpu_flags, "--path", "moe",
-       "--max-num-batched-tokens", str(MAX_M), "--mode", "cross", "-o", str(tmp / name / "bundles"), check=True,
-       timeout=900)
+       "--max-num-batched-tokens", str(MAX_M), "--mode", "cross", "-o", str(tmp / name / "bundles"), "--build-cache",
+       str(cache), check=True, timeout=900)
     return {g: tmp / name / "bundles" / f"{name}-sm_90-{g}.tar.zst" for g in gpus}
 
 
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory) -> dict[str, Path]:
+def bundles(tmp_path_factory, build_cache) -> dict[str, Path]:
     """The Mixtral MoE bundles for h100-sxm and h200, a tiny-expert MoE bundle for h200 and a sampler-only
     bundle for h200 (MRV2's kernels, which depend on the SM count, not the device name)."""
     tmp = tmp_path_factory.mktemp("device-keys")
-    mixtral = model_build(tmp, "mixtral", MIXTRAL, "h100-sxm", "h200")
-    tiny = model_build(tmp, "tiny", TINY, "h200")
+    mixtral = model_build(tmp, "mixtral", MIXTRAL, build_cache, "h100-sxm", "h200")
+    tiny = model_build(tmp, "tiny", TINY, build_cache, "h200")
     kc("build", "--arch", "sm_90", "--gpu", "h200", "--path", "mrv2", "--vocab", "1000", "--dtype", "float32",
-       "--max-num-seqs", "2", "--mode", "cross", "-o", str(tmp / "sampler"), check=True, timeout=900)
+       "--max-num-seqs", "2", "--mode", "cross", "-o", str(tmp / "sampler"), "--build-cache", str(build_cache),
+       check=True, timeout=900)
     return {"moe-h100-sxm": mixtral["h100-sxm"], "moe-h200": mixtral["h200"], "tiny-h200": tiny["h200"],
             "sampler-h200": tmp / "sampler" / "vllm-sampler-sm_90-h200.tar.zst"}
 

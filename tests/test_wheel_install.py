@@ -61,8 +61,9 @@ def test_the_package_and_its_recipes_come_from_the_venv(venv, tmp_path):
     assert {"vllm-sampler", "vllm-sampler-mrv1-spec", "qwen3-30b-a3b", "llama-3.1-8b"} <= {r["name"] for r in listed}
 
 
-def test_the_default_recipe_builds_from_a_temp_dir(venv, tmp_path):
-    done = kernelcache(venv, "build", *SMALL, "--vocab", "32000", "-o", "out", "--json", cwd=tmp_path)
+def test_the_default_recipe_builds_from_a_temp_dir(venv, build_cache, tmp_path):
+    done = kernelcache(venv, "build", *SMALL, "--vocab", "32000", "--max-num-seqs", "4", "-o", "out", "--build-cache",
+                       str(build_cache), "--json", cwd=tmp_path)
     bundle = built(done, tmp_path)
     assert bundle == tmp_path / "out" / "vllm-sampler-sm_90-h200.tar.zst"
     manifest = read_manifest(bundle)
@@ -70,21 +71,21 @@ def test_the_default_recipe_builds_from_a_temp_dir(venv, tmp_path):
     assert [v["size"] for v in manifest.build.plan["vocabs"]] == [32000] and manifest.kernels
 
 
-def test_a_shipped_model_recipe_builds_by_name(venv, tmp_path):
+def test_a_shipped_model_recipe_builds_by_name(venv, build_cache, tmp_path):
     done = kernelcache(venv, "build", *SMALL, "--recipe", "llama-3.1-8b", "--max-num-seqs", "4", "-o", "out",
-                       "--json", cwd=tmp_path)
+                       "--build-cache", str(build_cache), "--json", cwd=tmp_path)
     manifest = read_manifest(built(done, tmp_path))
     assert manifest.build.plan["source"] == "kernelcache/recipes/models/llama-3.1-8b.toml"
     assert manifest.build.plan["model"]["architecture"] == "LlamaForCausalLM" and manifest.kernels
 
 
-def test_a_model_config_builds(venv, tmp_path):
+def test_a_model_config_builds(venv, build_cache, tmp_path):
     config = tmp_path / "TinyLlama-1.1B" / "config.json"
     config.parent.mkdir()
     config.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 32000, "hidden_size": 2048,
                                   "num_attention_heads": 32, "num_key_value_heads": 4, "torch_dtype": "bfloat16"}))
     done = kernelcache(venv, "build", *SMALL, "--model-config", "TinyLlama-1.1B/config.json", "--max-num-seqs", "4",
-                       "-o", "out", "--json", cwd=tmp_path)
+                       "-o", "out", "--build-cache", str(build_cache), "--json", cwd=tmp_path)
     bundle = built(done, tmp_path)
     assert bundle.name == "TinyLlama-1.1B-sm_90-h200.tar.zst"
     plan = read_manifest(bundle).build.plan
