@@ -38,7 +38,7 @@ from .buildcache import resolve as resolve_build_cache
 from .bundle.make import PackResult, make_bundle
 from .bundle.signature import SigningKey, SignResult, load_signing_key
 from .bundle.signature import sign as sign_bundle
-from .errors import BuildFailed
+from .errors import BuildFailed, RecipeError, UsageError
 from .exercise.jobs import WorkerResult, exercise, flashinfer_jit_module, stop_exercises
 from .format.archive import source_date_epoch
 from .format.compilelog import CompileRecord
@@ -56,8 +56,10 @@ from .format.manifest import (
 )
 from .format.manifest import identity_record as manifest_identity
 from .harvest import harvest
+from .plan import families
 from .plan.gpus import GpuProfile, visible_gpus
-from .plan.recipe import BuildPlan, PlanOverrides, load
+from .plan.recipe import BuildPlan, PlanOverrides, load, serve_request
+from .plan.serve import ServeConfig
 from .plan.targets import BuildTarget, plan_targets
 from .plan.tasks import Task
 from .preflight import preflight
@@ -123,7 +125,7 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
     arch = capability_to_arch(flag_capability(arch))
     signer = load_signing_key(sign) if sign is not None else None
     there = _load_target_env(target_env)
-    plan = load(recipe).override(overrides or PlanOverrides(**flags))
+    plan = planned(arch, recipe, overrides or PlanOverrides(**flags))
     cache = resolve_build_cache(build_cache)
     targets = plan_targets(plan, arch, mode, visible_gpus() if mode != "cross" else [])
     if there is not None:
@@ -161,6 +163,45 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
         if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
     return BuildResult(plan, tuple(results))
+
+
+def planned(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOverrides | None = None) -> BuildPlan:
+    """The plan a build of ``arch`` runs: the recipe with the flags over it; for a serve command (``overrides.serve``,
+    a recipe's ``serve``, or ``--model-config`` with kernelcache's vLLM flags as its shorthand), what the installed
+    vLLM configures for it on the arch's GPU profiles (exercise/vllm_serve.py), with --gpu, --path, --vocab and
+    --dtype still over it."""
+    given = overrides or PlanOverrides()
+    base = load(recipe)
+    request = serve_request(base, given)
+    if request is None:
+        if base.command:
+            raise RecipeError(f"{base.source}: its serve command needs the model's config")
+        return base.override(given)
+    if not given.serve:
+        base.override(given)  # kernelcache's own checks of its flags first: a bad choice is named as before
+    plan = base.override(PlanOverrides(gpus=given.gpus))
+    if recipe is None:  # no recipe: every family the served model needs (plan/families/: each one's default)
+        plan = replace(plan, paths=families.names())
+    profiles = plan.for_arch(capability_to_arch(flag_capability(arch)))
+    if not profiles:
+        return plan  # plan_targets says the arch has no profile
+    from .exercise.vllm_serve import resolve
+
+    configs = resolve(request.local, profiles, request.shown)
+    plan = plan.served(_agreed(configs), request.name)
+    return plan.override(PlanOverrides(vocabs=given.vocabs, dtypes=given.dtypes, paths=given.paths))
+
+
+def _agreed(configs: dict[str, ServeConfig]) -> ServeConfig:
+    """The one configuration the profiles share; profiles vLLM configures differently build separately."""
+    first_name, first = next(iter(configs.items()))
+    for name, config in configs.items():
+        differing = [k for k, v in config.keyed().items() if first.keyed()[k] != v]
+        if differing:
+            what = ", ".join(f"{k} {first.keyed()[k]} vs {config.keyed()[k]}" for k in differing)
+            raise UsageError(f"vLLM configures {first_name} and {name} differently for this command ({what}): build "
+                             f"them with separate --gpu, or set the flag in the serve command")
+    return first
 
 
 def _made_dirs(out: Path) -> list[Path]:

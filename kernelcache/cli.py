@@ -315,6 +315,7 @@ def inspect(bundle: str, as_json: bool) -> None:
     """Show what a bundle holds: kernels, variants, sizes, target, versions."""
     from .bundle.inspect import human_size
     from .bundle.inspect import inspect as do_inspect
+    from .manage import built_for
 
     info = do_inspect(bundle)
     if as_json:
@@ -328,6 +329,9 @@ def inspect(bundle: str, as_json: bool) -> None:
     out.print(f"[bold]{info.path.name}[/bold]  digest {info.digest[:16]}  "
               f"{human_size(info.compressed_size)} compressed, {human_size(m.total_size)} installed")
     out.print(f"target {target}; built by {m.build.tool} ({m.build.mode})")
+    command, config_hash = built_for(m)
+    if command:
+        out.print(f"built for: {command} (vLLM config hash {config_hash})", markup=False)
     keys = m.device_keys
     if keys is not None:
         tables = ", ".join(f"{t.path}: {t.file or 'default config'}" for t in keys.tables) or "not recorded"
@@ -449,17 +453,23 @@ def env(cache_dir: str | None, as_json: bool, read_only: bool, base: str | None,
 @force_option
 @overlay_options
 @signature_options
+@click.option("--strict", is_flag=True,
+              help="Refuse (exit 22) to start a vllm serve command that differs from the installed bundle's serve "
+                   "command in a flag that changes kernel keys (without it: a warning).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(bundle: str | None, cache_dir: str | None, force: bool, read_only: bool, base: str | None,
         overlay: str | None, miss_log: str | None, require_signature: bool | None, trusted_keys: tuple[str, ...],
-        command: tuple[str, ...]) -> None:
+        strict: bool, command: tuple[str, ...]) -> None:
     """Install if needed, then exec COMMAND with the cache active: kernelcache run -- vllm serve ...
 
+    A vllm serve COMMAND is compared with the serve command the installed bundle was built for: a flag that
+    changes kernel keys and differs is a warning (--strict: a refusal) before the server starts.
     --require-signature and --trusted-key apply to the --bundle it installs."""
     from .runtime.env import run as do_run
 
     do_run(list(command), bundle, cache_dir, force, read_only=read_only, base=base, overlay=overlay,
-           miss_log=miss_log, require_signature=require_signature, trusted_keys=trusted_keys or None)
+           miss_log=miss_log, require_signature=require_signature, trusted_keys=trusted_keys or None,
+           strict=strict)
 
 
 # -- cache management: what is installed in a cache dir ---------------------------------------------
@@ -518,6 +528,8 @@ def _render_listing(listing) -> None:
                       _when(b.last_served), Text(shared), Text(_signer(b.signature)))
     show(table)
     for b in listing.bundles:
+        if b.serve:
+            out.print(f"{b.name}: built for {b.serve} (vLLM config hash {b.config_hash})", markup=False)
         for difference in b.differences:
             out.print(f"{b.name}: {difference}", markup=False)
         if b.missing_files:
@@ -662,13 +674,28 @@ def _prune_build_cache(build_cache: str | None, max_size: str, dry_run: bool, as
 @click.option("--no-build-cache", is_flag=True, help="Compile everything; read and write no build cache.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @sign_option("each bundle (B.tar.zst.sig beside it)")
+@click.argument("serve", nargs=-1, type=click.UNPROCESSED, metavar="[-- vllm serve MODEL [FLAGS]]")
 def build(arch, recipe, overrides, mode, jobs, output_dir, keep_ir, workdir, miss_logs, target_env, build_cache,
-          no_build_cache, as_json, sign_key) -> None:
-    """Run vLLM's sampler paths for ARCH and write one bundle per GPU profile."""
+          no_build_cache, as_json, sign_key, serve) -> None:
+    """Build the kernels a vLLM server runs on ARCH into one bundle per GPU profile.
+
+    \b
+    For a model, give the command the server runs, after --:
+      kernelcache build --arch sm_90 --gpu h100-sxm -- vllm serve Qwen/Qwen3-8B --max-model-len 32768
+    The installed vLLM parses it with its own parser and configures it as a server on each GPU profile would
+    (limits, block size, KV-cache dtype, drafts, attention backend); the bundle records the command and vLLM's
+    config hash. MODEL is a local directory holding config.json, or a hub id with --model-config CONFIG.json (or
+    one kernelcache ships a config for); nothing is fetched. Without a serve command: a recipe's plan (the sampler
+    paths for its vocab sizes by default)."""
+    from dataclasses import replace
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .build import build as do_build
     from .errors import UsageError
+
+    if serve:
+        overrides = replace(overrides, serve=serve)
 
     if build_cache is not None and no_build_cache:
         raise UsageError("--build-cache and --no-build-cache exclude each other")

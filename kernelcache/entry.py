@@ -12,8 +12,9 @@ these forms and calls the same Python API the click commands call:
   ``cli.fail``, exactly as the click command says them, and never run again through click);
 * ``env [--cache-dir D] [--json]``: the variables kept by the last computation when everything they rested on
   holds (runtime/served.py), else ``runtime.env.env``;
-* ``run [--bundle B] [--cache-dir D] [--require-signature] [--trusted-key K]... [--] COMMAND...``: exec COMMAND
-  with those kept variables (with ``--bundle``, only when that bundle's no-op is answered from its record too, under
+* ``run [--bundle B] [--cache-dir D] [--strict] [--require-signature] [--trusted-key K]... [--] COMMAND...``:
+  compare a ``vllm serve`` COMMAND with the installed bundles' (runtime/match.py), then exec COMMAND with those kept
+  variables (with ``--bundle``, only when that bundle's no-op is answered from its record too, under
   the same signature policy), else ``runtime.env.run``'s work (``prepare_at``, told whether the bundle's record was
   asked already, so one command asks it once).
 * ``--version``: what click's ``version_option`` prints (``kernelcache, version 0.1.0``), from the package alone.
@@ -34,7 +35,7 @@ _FORMS = {
     "install": {"--cache-dir": True, "--no-gpu-check": False, "--json": False, "--gpu": True, "--arch": True,
                 **_SIGNATURE},
     "env": {"--cache-dir": True, "--json": False},
-    "run": {"--cache-dir": True, "--bundle": True, **_SIGNATURE},
+    "run": {"--cache-dir": True, "--bundle": True, "--strict": False, **_SIGNATURE},
 }
 _REPEATED = ("--trusted-key",)  # given more than once: each value counts (click's multiple=True)
 
@@ -238,7 +239,9 @@ def _run(options: dict, command: list[str]) -> bool:
         from .runtime.env import prepare_at
 
         variables = prepare_at(bundle, CacheDir(Path(root)), False, signature_policy, asked)[1]
+    from .runtime.match import check
     from .runtime.shell import exec_command
 
+    check(command, root, bool(options.get("--strict")))  # a ServeMismatch: cli.fail says it, exit 22
     exec_command(command, variables)  # a UsageError (not found, not executable): click runs it and says why
     return True  # not reached

@@ -108,6 +108,12 @@ class ArchMismatch(FingerprintMismatch):
     exit_code = 21
 
 
+class ServeMismatch(KernelcacheError):
+    """``run --strict``: the served command differs from the bundle's in a flag that changes kernel keys."""
+
+    exit_code = 22
+
+
 class MissingDependency(KernelcacheError):
     """A package the command needs (triton, vllm, flashinfer, oras) is not importable."""
 
@@ -149,6 +155,12 @@ class PackageClash(MissingDependency):
     12.6's ``cuda/bindings`` over cuda-bindings 13's): the package that owns them fails to import."""
 
     exit_code = 35
+
+
+class UnknownArchitecture(KernelcacheError):
+    """The serve command's model is an architecture the installed vLLM does not know."""
+
+    exit_code = 37
 
 
 class StorageError(KernelcacheError):

@@ -84,6 +84,8 @@ class InstalledBundle:
     choices: int = 0  # autotune choices it installed here
     choices_skipped: str = ""  # why the install left its choices out (timed on another GPU product)
     flashinfer_modules: tuple[str, ...] = ()  # the FlashInfer modules' names ("sampling", attention modules' URIs)
+    serve: str = ""  # the serve command it was built for ("" : built from a recipe's plan alone)
+    config_hash: str = ""  # vLLM's VllmConfig.compute_hash() for that command
 
     @property
     def size_on_disk_str(self) -> str:
@@ -215,13 +217,19 @@ class _Inventory:
             None if differences is None else not differences, differences or (), self.shared(receipt),
             len(uses) - len(own), missing, receipt.bundle, signature_info(receipt),
             tuning.where() if tuning else None, len(tuning.files) if receipt.choices else 0,
-            receipt.choices_skipped, tuple(m.name for m in manifest.flashinfer))
+            receipt.choices_skipped, tuple(m.name for m in manifest.flashinfer), *built_for(manifest))
 
     def shared(self, receipt: Receipt) -> tuple[SharedWith, ...]:
         """The other bundles that list entries of ``receipt``, the most shared first."""
         others = Counter(d for e in receipt.uses for d in self.users[e] if d != receipt.digest)
         order = sorted(others.items(), key=lambda item: (-item[1], self.names[item[0]]))
         return tuple(SharedWith(self.names[d], d, n) for d, n in order)
+
+
+def built_for(manifest: Manifest) -> tuple[str, str]:
+    """(the serve command, vLLM's config hash) a bundle records in its plan; empty where it has none."""
+    served = (manifest.build.plan or {}).get("serve") or {}
+    return str(served.get("command", "")), str(served.get("config_hash", ""))
 
 
 class _Fingerprints:

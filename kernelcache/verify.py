@@ -223,8 +223,10 @@ def recorded_plan(bundle: Manifest, recipe=None, overrides: PlanOverrides | None
     A bundle of FlashInfer modules only needs no plan: verify checks its modules."""
     if recipe is None and not bundle.build.plan and bundle.flashinfer and not bundle.kernels:
         plan = load().override(paths=["flashinfer"])
-    elif recipe is not None:
-        plan = load(recipe)
+    elif recipe is not None or (overrides is not None and (overrides.serve or overrides.model_config)):
+        from .build import planned  # a serve command: what the installed vLLM configures for it, as build does
+
+        return planned(bundle.target.arch, recipe, overrides)
     elif "merged_from" in (bundle.build.plan or {}):
         raise UsageError("a merged bundle records no single build plan; pass --recipe (or the build flags) "
                          "for what it should cover")

@@ -324,3 +324,30 @@ def test_workflow_passes_the_github_actions_schema():
     done = subprocess.run([checker, "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def served_command(command: list[str]) -> list[str]:
+    """What a `kernelcache run ... -- vllm serve MODEL ...` command serves: the words after `--`."""
+    return command[command.index("--") + 1:]
+
+
+def test_every_example_builds_for_the_serve_command_its_server_runs():
+    """One source of truth: the Dockerfile's SERVE, the workflow's SERVE, the image's ENTRYPOINT + CMD and both
+    Deployments' server commands are one serve command, and both builds take it after `--`."""
+    found = stages()
+    args = dict(r.split("=", 1) for k, r in dockerfile_instructions(DOCKERFILE) if k == "ARG" and "=" in r)
+    serve = shlex.split(args["SERVE"].strip('"'))
+    assert serve[:2] == ["vllm", "serve"] and len(serve) >= 3
+    [build] = [r for k, r in found["build"] if k == "RUN" and "kernelcache build" in r]
+    assert re.search(r"kernelcache build [^&]* -- \$\{SERVE\}", build), build
+    entrypoint = yaml.safe_load(next(r for k, r in found["runtime"] if k == "ENTRYPOINT"))
+    cmd = yaml.safe_load(next(r for k, r in found["runtime"] if k == "CMD"))
+    assert served_command(entrypoint) + cmd == serve
+    for path in (DEPLOYMENT, READONLY):
+        [server] = [c for d in deployments(path) for c in d["spec"]["template"]["spec"]["containers"]]
+        assert served_command(server["command"] + server.get("args", [])) == serve, path.name
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    [job] = workflow["jobs"].values()
+    [step] = [s for s in job["steps"] if "kernelcache build" in s.get("run", "")]
+    assert shlex.split(step["env"]["SERVE"]) == serve
+    assert re.search(r"kernelcache build [^\n]* -- \$SERVE\n", step["run"]), step["run"]

@@ -170,7 +170,7 @@ def global_args() -> dict[str, str]:
         if keyword == "FROM":
             break
         name, _, value = rest.partition("=")
-        found[name] = value
+        found[name] = value.strip('"')  # Docker drops an ARG default's quotes
     return found
 
 
@@ -218,6 +218,8 @@ def docker_build(world: World) -> dict[str, Stage]:
                 run_instruction(text, stage, world, name)
             elif keyword == "ENTRYPOINT":
                 stage.entrypoint = json.loads(text)
+            elif keyword == "CMD":  # docker run's default arguments: after the ENTRYPOINT
+                stage.entrypoint = [*stage.entrypoint, *json.loads(text)]
             else:
                 raise AssertionError(f"the examples' runner does not know the instruction {keyword} ({name})")
         built[name] = stage
@@ -285,7 +287,7 @@ def dockerfile(world, say) -> DockerRun:
     started = time.monotonic()
     built = docker_build(world)
     args = {**global_args(), **built["build"].args}
-    bundle = world.place(f"/bundles/vllm-sampler-{args['ARCH']}-{args['GPU']}.tar.zst")
+    [bundle] = world.place("/bundles").glob(f"*-{args['ARCH']}-{args['GPU']}.tar.zst")
     cache = Path(built["runtime"].env["TRITON_CACHE_DIR"])
     seconds = time.monotonic() - started
     say(f"Dockerfile (stages {', '.join(built)}) built in {seconds:.0f} s")

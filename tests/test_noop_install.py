@@ -190,6 +190,7 @@ PLAIN = [
     ["env"],
     ["env", "--json", "--cache-dir", "D"],
     ["run", "--", "cmd", "-x"],
+    ["run", "--strict", "--cache-dir", "D", "--", "vllm", "serve", "m"],
     ["run", "cmd", "--cache-dir", "x"],
     ["run", "--bundle", "B", "--cache-dir", "D", "--", "cmd"],
     ["run", "--cache-dir=D", "cmd", "--", "y"],
@@ -213,7 +214,7 @@ def test_a_plain_form_parses_as_click_parses_it(args, tmp_path, monkeypatch):
     params = cli.commands[verb].make_context(verb, args[1:], help_option_names=["-h", "--help"]).params  # as main's
     names = {"--cache-dir": "cache_dir", "--json": "as_json", "--no-gpu-check": "no_gpu_check", "--bundle": "bundle",
              "--require-signature": "require_signature", "--trusted-key": "trusted_keys", "--gpu": "gpu",
-             "--arch": "arch"}
+             "--arch": "arch", "--strict": "strict"}
     for flag, value in options.items():
         assert params[names[flag]] == (tuple(value) if isinstance(value, list) else value), flag
     assert all(params[names[f]] in (None, False, ()) for f in _FORMS[verb] if f not in options)

@@ -49,6 +49,18 @@ PROFILES: dict[str, GpuProfile] = {
 }
 
 
+# Device memory as the driver reports it (MiB, ``cudaDeviceProp.totalGlobalMem``): vLLM sizes its default batch
+# limits by it (``EngineArgs.get_batch_defaults``), so a serve command is resolved with the product's memory. A
+# profile defined in a recipe ([gpu.NAME]) is taken as an 80 GB part.
+MEMORY_MIB = {"a100": 81920, "a10g": 23028, "l4": 23034, "l40s": 46068, "h100-sxm": 81559, "h100-pcie": 81559,
+              "h200": 143771, "h20": 97871, "b200": 183359, "rtx-pro-6000": 97887}
+DEFAULT_MEMORY_MIB = 81559
+
+
+def memory_mib(gpu: GpuProfile) -> int:
+    return MEMORY_MIB.get(gpu.name, DEFAULT_MEMORY_MIB)
+
+
 def profile(name: str) -> GpuProfile:
     try:
         return PROFILES[name.lower()]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import tomllib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -33,6 +34,7 @@ from .families.gdn import GDN_PREFILL_BACKENDS
 from .gpus import PROFILES, GpuProfile
 from .model import ModelSpec, load_config, recipe_keys
 from .model import parse as parse_model
+from .serve import SHORTHAND, ServeCommand, ServeConfig, shorthand_words
 
 PATHS = families.names()  # the built-in paths; families.names() also has any registered since
 __all__ = ["ATTENTION_BACKENDS", "GDN_PREFILL_BACKENDS", "KV_CACHE_DTYPES", "PATHS", "TRITON_ATTN", "BuildPlan",
@@ -67,9 +69,12 @@ class PlanOverrides:
     kv_cache_dtype: str | None = None  # vLLM --kv-cache-dtype (attention)
     block_size: int | None = None  # vLLM --block-size: tokens per KV-cache block (runner, attention)
     gdn_prefill_backend: str | None = None  # vLLM --gdn-prefill-backend (gdn)
+    serve: tuple[str, ...] | str | None = None  # a serve command (``build -- vllm serve MODEL [flags]``), or its words
 
     def __post_init__(self) -> None:
-        for name in ("gpus", "vocabs", "dtypes", "paths"):
+        if isinstance(self.serve, str):  # build(serve="vllm serve MODEL --flag V"): its words
+            object.__setattr__(self, "serve", tuple(shlex.split(self.serve)))
+        for name in ("gpus", "vocabs", "dtypes", "paths", "serve"):
             value = getattr(self, name)
             object.__setattr__(self, name, tuple(value) if value else None)
 
@@ -105,10 +110,16 @@ class BuildPlan:
     min_p: bool = True
     fp64_gumbel: bool = False
     source: str = ""
+    command: str = ""  # a recipe's serve command, before vLLM resolves it (plan/serve.py)
+    model_config: str = ""  # a recipe's config.json for its serve command's model (a hub id's)
+    serve: dict | None = None  # what vLLM configured for the serve command (ServeConfig.record())
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["model"] = self.model.to_dict() if self.model else None  # its families' sections by their keys
+        for name in ("command", "model_config", "serve"):  # a plan without a serve command stays as it was
+            if not data[name]:
+                del data[name]
         return data
 
     def to_json(self) -> str:
@@ -149,6 +160,28 @@ class BuildPlan:
             return plan._override_batching(given.max_num_batched_tokens, given.tensor_parallel_size)
         except RecipeError as exc:
             raise UsageError(str(exc)) from None
+
+    def served(self, config: ServeConfig, name: str) -> BuildPlan:
+        """The plan for what vLLM configured: the model's vocab, dtype and layers, vLLM's limits, block size, KV-cache
+        dtype, TP, drafts and attention backend; the paths the model needs (the recipe's named paths kept)."""
+        model = parse_model(config.hf_config, config.command, name)
+        plan = replace(
+            self, model=model, name=_plain_name(name), vocabs=(Vocab(config.vocab_size, (name,)),),
+            dtypes=tuple(dict.fromkeys(("float32", config.dtype))), max_num_seqs=config.max_num_seqs,
+            max_model_len=config.max_model_len, max_num_batched_tokens=config.max_num_batched_tokens,
+            tensor_parallel_size=config.tensor_parallel_size, block_size=config.block_size,
+            kv_cache_dtype=config.kv_cache_dtype if config.kv_cache_dtype in KV_CACHE_DTYPES else "auto",
+            attention_backend=config.attention_backend if config.attention_backend in ATTENTION_BACKENDS else "auto",
+            num_speculative_tokens=config.num_speculative_tokens,
+            gdn_prefill_backend=config.gdn_prefill_backend if config.gdn_prefill_backend in GDN_PREFILL_BACKENDS
+            else "auto",
+            command="", model_config="", serve=config.record())
+        if self.paths != families.names():  # the recipe named its paths
+            _check_spec_decode(plan.paths, plan.num_speculative_tokens, self.source or "serve command")
+        else:
+            plan = replace(plan, paths=tuple(p for p in plan.paths if _wanted(families.get(p), plan)))
+        _check_families(plan, config.command)
+        return plan
 
     def _override_model(self, given: PlanOverrides) -> BuildPlan:
         """--model-config: the model's vocab, its dtype (with fp32, the processed paths'), its name for the
@@ -227,7 +260,7 @@ class BuildPlan:
         return replace(self, **changes)
 
 
-_TOP_KEYS = {"name", "description", "gpus", "vllm", "vocab", "gpu", "model"}
+_TOP_KEYS = {"name", "description", "gpus", "vllm", "vocab", "gpu", "model", "serve", "model_config"}
 _VLLM_KEYS = {"paths", "max_num_seqs", "num_speculative_tokens", "max_model_len", "modes", "seeded", "unseeded",
               "logits_dtypes", "min_p", "fp64_gumbel", "max_num_batched_tokens", "tensor_parallel_size",
               "attention_backend", "kv_cache_dtype", "block_size", "gdn_prefill_backend", "flashinfer_cubins"}
@@ -245,7 +278,10 @@ def load(recipe: str | os.PathLike | None = None) -> BuildPlan:
         raise RecipeError(f"{where}: cannot read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise RecipeError(f"{where}: not valid TOML: {exc}") from None
-    return parse(data, where)
+    plan = parse(data, where)
+    if plan.model_config and not Path(plan.model_config).is_absolute():
+        plan = replace(plan, model_config=str(file.resolve().parent / plan.model_config))
+    return plan
 
 
 def shipped() -> dict[str, Path]:
@@ -287,7 +323,7 @@ def parse(data: dict, where: str) -> BuildPlan:
     plan = BuildPlan(
         name=_file_word(data.get("name", Path(where).stem), "name", where),
         paths=_choices(vllm.get("paths", list(families.names())), families.names(), "vllm.paths", where),
-        vocabs=_vocabs(data.get("vocab"), model, where),
+        vocabs=_vocabs(data.get("vocab"), model, where) if "serve" not in data else (),
         dtypes=_choices(vllm.get("logits_dtypes", default_dtypes), DTYPES, "vllm.logits_dtypes", where),
         modes=_choices(vllm.get("modes", list(MODES)), MODES, "vllm.modes", where),
         gpus=tuple(_profile(g, where, custom) for g in gpus),
@@ -310,13 +346,22 @@ def parse(data: dict, where: str) -> BuildPlan:
         min_p=_bool(vllm.get("min_p", True), "vllm.min_p", where),
         fp64_gumbel=_bool(vllm.get("fp64_gumbel", False), "vllm.fp64_gumbel", where),
         source=where,
+        command=_string(data["serve"], "serve", where) if "serve" in data else "",
+        model_config=_recipe_file(data["model_config"], where) if "model_config" in data else "",
     )
+    if plan.command:  # the serve command decides the rest when vLLM resolves it (build.planned)
+        return plan
     if "paths" not in vllm:  # the default (every path): moe only for a MoE model, attention only with TRITON_ATTN
         plan = replace(plan, paths=tuple(p for p in plan.paths if families.get(p).default(plan)))
     else:  # named on purpose: the default runs the spec-decode paths only with drafts
         _check_spec_decode(plan.paths, plan.num_speculative_tokens, where)
     _check_families(plan, where)
     return plan
+
+
+def _recipe_file(value: Any, where: str) -> str:
+    """A file a recipe names (``load`` makes it relative to the recipe's folder)."""
+    return _string(value, "model_config", where)
 
 
 def _model(table: Any, where: str, name: str) -> ModelSpec:
@@ -335,6 +380,11 @@ def _vocabs(entries: Any, model: ModelSpec | None, where: str) -> tuple[Vocab, .
 def _model_dtypes(model: ModelSpec) -> tuple[str, ...]:
     """fp32 (the processed sampler paths) and the dtype the model serves in."""
     return tuple(dict.fromkeys(("float32", model.dtype)))
+
+
+def _wanted(family, plan: BuildPlan) -> bool:
+    """Whether a plan that names no paths gets ``family``: its default, and drafts where it needs them."""
+    return family.default(plan) and (plan.num_speculative_tokens > 0 or not family.needs_drafts)
 
 
 def _check_spec_decode(paths: tuple[str, ...], num_speculative_tokens: int, where: str) -> None:
@@ -455,3 +505,102 @@ def _string(value: Any, key: str, where: str) -> str:
         raise RecipeError(f"{where}: '{key}' must be a non-empty string")
     return value
 
+
+
+# -- the serve command ----------------------------------------------------------------------------------------
+
+CONFIGS = RECIPES / "models" / "configs"  # shipped config.json files by hub id: ORG--NAME.json
+
+
+def known_config(model: str) -> Path | None:
+    """The config.json kernelcache ships for a hub id (``meta-llama/Llama-3.1-8B-Instruct``), if any."""
+    file = CONFIGS / (model.replace("/", "--") + ".json")
+    return file if "/" in model and file.is_file() else None
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    """A serve command to resolve: ``local`` names a directory holding the model's config.json; ``shown`` is the
+    command as the user wrote it (a hub id stays a hub id); ``name`` names the bundle."""
+
+    local: ServeCommand
+    shown: str
+    name: str
+
+
+def serve_request(plan: BuildPlan, given: PlanOverrides) -> ServeRequest | None:
+    """The serve command a build resolves, or None for a plan without one (a vocab-only recipe, a [model] table).
+
+    ``build -- vllm serve MODEL [flags]`` wins over the recipe's ``serve``; kernelcache's flags become vLLM flags
+    after it (``shorthand_words``: vLLM's parser takes the last value). ``--model-config`` alone is the shorthand
+    ``vllm serve <its folder> [flags]``."""
+    extra = shorthand_words(_vllm_flags(given))
+    if given.serve:
+        command = ServeCommand.parse(given.serve)
+    elif plan.command:
+        command = ServeCommand.parse(plan.command)
+    elif given.model_config:
+        _readable(given.model_config)
+        if not _hugging_face_config(given.model_config):
+            return None  # a config.json of only the fields kernelcache reads: kernelcache's own planning
+        folder = Path(given.model_config).parent
+        return ServeRequest(ServeCommand((str(_staged(Path(given.model_config), folder.name)),)).plus(extra),
+                            ServeCommand((str(folder),)).plus(extra).text, _model_name(folder.name))
+    else:
+        return None
+    config = given.model_config or plan.model_config or known_config(command.model)
+    shown = command.plus(extra)
+    if Path(command.model).is_dir() and not given.model_config:
+        return ServeRequest(shown, shown.text, _model_name(command.model))
+    if config is None:
+        raise RecipeError(f"{command.model}: not a local model directory and no config for it: give its config.json "
+                          f"with --model-config (nothing is fetched)")
+    _readable(config)
+    staged = _staged(Path(config), command.model)
+    return ServeRequest(shown.with_model(str(staged)), shown.text, _model_name(command.model))
+
+
+def _readable(config: str | os.PathLike) -> None:
+    """kernelcache's own reading of a config.json first: a missing or bad field is named with its file, in one line
+    (a usage error, as for the other flags), before vLLM reads it."""
+    try:
+        load_config(config)
+    except RecipeError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _hugging_face_config(config: str | os.PathLike) -> bool:
+    """Whether vLLM can read the file as a model's config: transformers needs its ``model_type``."""
+    try:
+        return "model_type" in json.loads(Path(config).read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def _vllm_flags(given: PlanOverrides) -> dict[str, Any]:
+    return {name: getattr(given, name) for name in (*SHORTHAND, "num_speculative_tokens")}
+
+
+def _model_name(model: str) -> str:
+    return Path(model.rstrip("/")).name or model
+
+
+def _staged(config: Path, model: str) -> Path:
+    """A folder holding only ``config`` as config.json (vLLM reads a local model's config from its folder), under
+    the user cache dir, named by the config's bytes and the model's name."""
+    import hashlib
+
+    try:
+        data = config.read_bytes()
+    except FileNotFoundError:
+        raise RecipeError(f"{config}: no such model config") from None
+    except OSError as exc:
+        raise RecipeError(f"{config}: cannot read: {exc}") from None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = Path(base, "kernelcache", "serve", "models", hashlib.sha256(data).hexdigest()[:16], _model_name(model))
+    if not (folder / "config.json").is_file() or (folder / "config.json").read_bytes() != data:
+        folder.mkdir(parents=True, exist_ok=True)
+        scratch = folder / f"config.json.{os.getpid()}.tmp"
+        scratch.write_bytes(data)
+        os.replace(scratch, folder / "config.json")
+    return folder

@@ -22,9 +22,11 @@ from pathlib import Path
 
 from ..bundle.trust import Policy, policy
 from ..cachedir import CacheDir, recover
+from ..cachedir.layout import cache_root
 from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
 from ..hooks import kernelcache_autotune, kernelcache_tritonkey
 from . import flashinfer
+from .match import check as check_served
 from .served import remember_served, snapshot
 from .shell import exec_command, shell_exports
 
@@ -209,9 +211,11 @@ def run(command: Sequence[str], bundle: str | os.PathLike | None = None,
         cache_dir: str | os.PathLike | None = None, force: bool = False, *, read_only: bool = False,
         base: str | os.PathLike | None = None, overlay: str | os.PathLike | None = None,
         miss_log: str | os.PathLike | None = None, require_signature: bool | None = None,
-        trusted_keys: Sequence[str | os.PathLike] | None = None) -> CacheEnvironment:
+        trusted_keys: Sequence[str | os.PathLike] | None = None, strict: bool = False) -> CacheEnvironment:
     """Install ``bundle`` if given, then replace this process with ``command`` in the cache's environment.
 
+    A ``vllm serve`` command is first compared with the installed bundles' serve commands (runtime/match.py): a
+    flag that changes kernel keys and differs is a warning, or with ``strict`` a ``ServeMismatch``.
     ``read_only`` and its options are ``env``'s; they serve an installed cache, so they take no bundle.
     ``require_signature`` / ``trusted_keys``: the bundle's signature policy, as ``activate``'s.
     Returns only when ``command`` cannot be run (it raises then)."""
@@ -225,6 +229,7 @@ def run(command: Sequence[str], bundle: str | os.PathLike | None = None,
         _no_overlay_options(base, overlay, miss_log)
         signature_policy = policy(require_signature, trusted_keys) if bundle is not None else None
         found = CacheEnvironment(prepare(bundle, cache_dir, force, signature_policy)[1])
+    check_served(command, cache_root(cache_dir), strict)
     exec_command(command, found.variables)
     return found
 
