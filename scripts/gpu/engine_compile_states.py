@@ -65,6 +65,9 @@ def define_missing_c_ops() -> list[str]:
 
 
 def main() -> int:
+    # What `import vllm` sets (vllm/env_override.py), here before torch._inductor.config reads it at its import (the
+    # fakes import Inductor first): Inductor compiles in this process, where the fake Triton driver is active.
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=("build", "run"))
     parser.add_argument("--model", required=True, help="a directory holding config.json (the same path every state)")
