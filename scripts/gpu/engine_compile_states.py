@@ -34,6 +34,8 @@ def substitutes(report: dict) -> None:
     """Where vLLM's compiled extensions are absent (the device carries vLLM's pure-Python tree): kernelcache's
     stand-ins for the C ops vLLM calls at import and the modules it imports on CUDA (exercise/fake_ops.py: an op or
     module is replaced only when missing; none of them is called on this path, TRITON_ATTN selected)."""
+    import vllm._custom_ops  # noqa: F401 -- loads vLLM's compiled ops where they are installed, before any stand-in
+
     from kernelcache.exercise import fake_ops
     from kernelcache.exercise.vllm_mamba import install_ops
 
