@@ -22,10 +22,10 @@ def _state(python, work: Path, name: str, cache_root: Path, **env: str) -> dict:
     home = work / f"home-{name}"
     home.mkdir(parents=True, exist_ok=True)
     out = work / f"{name}.json"
-    python.run(SCRIPT, "build", "--model", str(work / "model"), "--out", str(out),
+    done = python.run(SCRIPT, "build", "--model", str(work / "model"), "--out", str(out),
                env={"PYTHONPATH": str(ROOT), "HOME": str(home), "VLLM_CACHE_ROOT": str(cache_root), **env},
                timeout=1500)
-    assert out.exists(), f"{name}: no report"
+    assert out.exists(), (name, done.returncode, done.stderr[-3000:])
     return json.loads(out.read_text())
 
 

@@ -26,10 +26,50 @@ from collections import Counter
 from pathlib import Path
 
 EVENTS: Counter = Counter()
+LIBRARIES: list = []
 TIMES: dict = {}
 
 
+def substitutes(report: dict) -> None:
+    """Where vLLM's compiled extensions are absent (the device carries vLLM's pure-Python tree): kernelcache's
+    stand-ins for the C ops vLLM calls at import and the modules it imports on CUDA (exercise/fake_ops.py: an op or
+    module is replaced only when missing; none of them is called on this path, TRITON_ATTN selected)."""
+    import vllm._custom_ops  # noqa: F401 -- loads vLLM's compiled ops where they are installed, before any stand-in
+
+    from kernelcache.exercise import fake_ops
+    from kernelcache.exercise.vllm_mamba import install_ops
+
+    done = fake_ops.install()
+    done["ops"] += install_ops(fake_ops)
+    done["schemas_only"] = define_missing_c_ops()
+    report["substituted"] = done
+
+
+def define_missing_c_ops() -> list[str]:
+    """vLLM's compile passes name ``torch.ops._C`` ops at import (``passes/fusion/matcher_utils.py``:
+    ``ROTARY_OP = torch.ops._C.rotary_embedding.default``, the norm and quant ops). Without vLLM's ``_C`` extension
+    (92 MB, too large to carry) each missing op of vllm_c_op_schemas.json (the schemas vLLM 0.33.0's
+    ``_C_stable_libtorch`` registers, read on the CPU box) is defined with no kernel: naming it works, calling it
+    fails loudly. Returns the ops defined so."""
+    import torch
+
+    schemas = json.loads((Path(__file__).parent / "vllm_c_op_schemas.json").read_text())
+    library = torch.library.Library("_C", "FRAGMENT")
+    defined = []
+    for name, schema in sorted(schemas.items()):  # "op.overload" ("op.default" for the plain one)
+        op, overload = name.rsplit(".", 1)
+        if hasattr(torch.ops._C, op) and overload in getattr(torch.ops._C, op).overloads():
+            continue
+        library.define(schema)
+        defined.append(name)
+    LIBRARIES.append(library)  # a Library's definitions live as long as it does
+    return defined
+
+
 def main() -> int:
+    # What `import vllm` sets (vllm/env_override.py), here before torch._inductor.config reads it at its import (the
+    # fakes import Inductor first): Inductor compiles in this process, where the fake Triton driver is active.
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=("build", "run"))
     parser.add_argument("--model", required=True, help="a directory holding config.json (the same path every state)")
@@ -156,6 +196,7 @@ def build(args, report: dict) -> None:
     fake_cuda_runtime.combine_without_benchmark()
     count_triton()
     target_platform(args)
+    substitutes(report)
     import torch
 
     from kernelcache.exercise.fake_device import fake_cuda
@@ -207,6 +248,7 @@ def sync() -> None:
 
 def run(args, report: dict) -> None:
     count_triton()
+    substitutes(report)
     import torch
 
     from kernelcache.exercise.vllm_mamba import single_rank
