@@ -7,7 +7,9 @@
 set -uo pipefail
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-$(mktemp -d /tmp/kc-rerun.XXXXXX)}
-COMMON=(--arch sm_90 --gpu h100-sxm --mode cross --no-build-cache --jobs "${JOBS:-2}")
+# BUILD_CACHE=DIR: take kernels earlier builds compiled (the test session's); default: none, every kernel compiled.
+if [ -n "${BUILD_CACHE:-}" ]; then cache=(--build-cache "$BUILD_CACHE"); else cache=(--no-build-cache); fi
+COMMON=(--arch sm_90 --gpu h100-sxm --mode cross "${cache[@]}" --jobs "${JOBS:-2}")
 SMALL=(--max-num-seqs 4 --max-model-len 512 --max-num-batched-tokens 64)
 args() {
   case "$1" in

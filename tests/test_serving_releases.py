@@ -194,16 +194,25 @@ def test_contacts_hold_on_each_release(release):
     assert not found["problems"], f"vllm {found['version']}: " + "; ".join(found["problems"])
 
 
+# What CI reruns per release. On 0.33 every family is built and CPU-verified by the slow stream (the lab stack runs
+# vLLM 0.33's code: tests/test_build_*.py) and the sampler paths with FlashInfer's module on the serving stack
+# (tests/test_serving_stack.py), so the serving stream reruns there only the path that stack's tests do not build
+# with a small config; on 0.34 it reruns every path. flashinfer_attention is left out on both: its exercise has not
+# run through release_rerun.sh on either release yet (issue 40's closing note).
+RERUN_IN_CI = {"0.33": ("registry_mrv2",), "0.34": tuple(p for p in RERUN if p != "flashinfer_attention")}
+
+
 @pytest.mark.serving
 @pytest.mark.slow
-@pytest.mark.parametrize("path", RERUN)
-@pytest.mark.parametrize("release", list(VENVS))
-def test_each_family_builds_and_verifies_on_each_release(release, path, tmp_path):
+@pytest.mark.parametrize(("release", "path"), [(r, p) for r in VENVS for p in RERUN_IN_CI[r]])
+def test_each_family_builds_and_verifies_on_each_release(release, path, tmp_path, build_cache):
     """scripts/release_rerun.sh's small config of ``path``: build + install + CPU verify, or exit 36 at once on a
-    release that lacks the path."""
+    release that lacks the path. The builds share the session's build cache: both releases run Triton 3.8, so a
+    kernel whose source 0.34 did not change is compiled once."""
     root = release_venv(VENVS[release])
+    env = clean_env(PY=str(root / "bin" / "python"), OUT=str(tmp_path), BUILD_CACHE=str(build_cache))
     done = subprocess.run(["bash", str(ROOT / "scripts" / "release_rerun.sh"), path], capture_output=True, text=True,
-                          cwd=ROOT, timeout=3600, env=clean_env(PY=str(root / "bin" / "python"), OUT=str(tmp_path)))
+                          cwd=ROOT, timeout=3600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("vllm ")]
     family = families.get(FAMILY_OF.get(path, path))
