@@ -46,13 +46,13 @@ def batches(vocab: int, seqs: int, spec: int):
         drafts = [rng.randint(0, spec) for _ in range(batch)]
         drafts[rng.randrange(batch)] = rng.randint(1, spec)
         tokens = sum(drafts)
-        spec = SpecDecodeMetadata(
+        metadata = SpecDecodeMetadata(
             draft_token_ids=torch.randint(0, vocab, (tokens,), device="cuda", dtype=torch.int32),
             num_draft_tokens=drafts, **_offsets(drafts))
         dtype = rng.choice([torch.float32, torch.bfloat16])
         logits = torch.randn((tokens + batch, padded), device="cuda").to(dtype)[:, :vocab]
         probs = torch.softmax(torch.randn((tokens, vocab), device="cuda"), -1) if rng.random() < 0.5 else None
-        yield spec, probs, logits, _sampling(batch, rng)
+        yield metadata, probs, logits, _sampling(batch, rng)
 
 
 def _offsets(drafts: list[int]) -> dict:
