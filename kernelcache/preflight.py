@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ImportFailed, MissingDependency, PackageClash
+from .usercache import user_cache
 from .version import __version__
 
 TYPE_CHECKING = False
@@ -146,8 +147,7 @@ def preflight(plan: BuildPlan, targets: Sequence[BuildTarget], checks: Sequence[
 
 
 def default_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kernelcache" / "preflight"
+    return user_cache("preflight")
 
 
 def installed_key() -> str:

@@ -37,8 +37,10 @@ LAYERS = (
     # vocabulary every stage reads (format/: manifest, canonical JSON, archive, fingerprint, environment key and scan,
     # Triton identity, cache-key pattern, compile-log records), and the hooks that run inside a served interpreter
     # (hooks/, kernelcache's site dir on PYTHONPATH: standard library only, as
-    # test_the_shared_site_modules_need_only_the_standard_library checks).
-    ("ground", ("kernelcache.errors", "kernelcache.version", "kernelcache.format", "kernelcache.hooks")),
+    # test_the_shared_site_modules_need_only_the_standard_library checks), and where kernelcache's own user cache is
+    # (usercache.py: one folder per use, standard library only).
+    ("ground", ("kernelcache.errors", "kernelcache.version", "kernelcache.usercache", "kernelcache.format",
+                "kernelcache.hooks")),
     ("plan", ("kernelcache.plan",)),
     ("exercise", ("kernelcache.exercise",)),
     ("harvest", ("kernelcache.harvest",)),

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import KernelcacheError, RemoteError, StorageError, UsageError
+from ..usercache import user_cache
 
 ENV = "KERNELCACHE_BUILD_CACHE"
 MANAGER = "kernelcache.buildcache.manager:BuildCacheManager"
@@ -54,8 +55,7 @@ class BuildCacheSpec:
 
 
 def default_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kernelcache" / "build"
+    return user_cache("build")
 
 
 def resolve(value: str | os.PathLike | bool | None = None) -> BuildCacheSpec | None:

@@ -22,6 +22,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ..usercache import user_cache
+
 # Shared memory per block that CUDA reports (cudaDevAttrMaxSharedMemoryPerBlockOptin), per capability.
 MAX_SHARED_MEM = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448, 103: 232448,
                   110: 232448, 120: 101376, 121: 101376}
@@ -222,5 +224,4 @@ def build_libcuda_stub(directory: str | None = None, extra_symbols: tuple[str, .
 
 def stub_home(source: str) -> Path:
     """``$XDG_CACHE_HOME/kernelcache/libcuda-stub/<sha256 of the source, 16 digits>`` (``~/.cache/...``)."""
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "kernelcache" / "libcuda-stub" / hashlib.sha256(source.encode()).hexdigest()[:16]
+    return user_cache("libcuda-stub", hashlib.sha256(source.encode()).hexdigest()[:16])

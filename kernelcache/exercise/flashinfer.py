@@ -36,6 +36,7 @@ from pathlib import Path
 from ..errors import BuildFailed, MissingDependency, ToolchainUnavailable, UsageError
 from ..format.fingerprint import package_version
 from ..format.manifest import FLASHINFER_ROOT, FlashInferModule, Member, arch_to_capability
+from ..usercache import user_cache
 
 MODULE = "sampling"
 # The CUDA 13.0 wheels that build sampling: nvcc with its crt and nvvm parts, the runtime, curand's
@@ -78,8 +79,7 @@ def default_toolchain_dir() -> Path:
     """Where ``setup_toolchain`` installs: KERNELCACHE_TOOLCHAIN_DIR, else ~/.cache/kernelcache/toolchains."""
     if os.environ.get("KERNELCACHE_TOOLCHAIN_DIR"):
         return Path(os.environ["KERNELCACHE_TOOLCHAIN_DIR"])
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache) / "kernelcache" / "toolchains"
+    return user_cache("toolchains")
 
 
 def workspace_dir() -> Path:

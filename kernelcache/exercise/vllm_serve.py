@@ -31,9 +31,9 @@ from typing import Any
 from ..errors import MissingDependency, RecipeError, UnknownArchitecture, UsageError
 from ..plan.gpus import GpuProfile, memory_mib
 from ..plan.serve import ServeCommand, ServeConfig
+from ..usercache import user_cache
 
 EXIT_USAGE, EXIT_ARCHITECTURE, EXIT_MODEL, EXIT_MISSING = 2, 37, 3, 30
-ANSWERS = "serve"  # the answers' folder under the user cache dir
 
 
 def resolve(command: ServeCommand, profiles: tuple[GpuProfile, ...],
@@ -107,8 +107,7 @@ def _answers_file(request: dict, model: str) -> Path | None:
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith(("VLLM_", "HF_", "TRANSFORMERS_")))
     code = Path(__file__).read_bytes() + Path(__file__).with_name("fake_target.py").read_bytes()
     key = hashlib.sha256(json.dumps([request, versions, env]).encode() + config + code).hexdigest()[:32]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base, "kernelcache", ANSWERS, f"{key}.json")
+    return user_cache("serve", f"{key}.json")
 
 
 def _dist_digest(name: str) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import RecipeError, UsageError
 from ..format.manifest import arch_to_capability, capability_to_arch
+from ..usercache import user_cache
 from . import families
 from .families.attention import ATTENTION_BACKENDS, KV_CACHE_DTYPES, TRITON_ATTN
 from .families.flashinfer_attention import FLASHINFER
@@ -596,8 +597,7 @@ def _staged(config: Path, model: str) -> Path:
         raise RecipeError(f"{config}: no such model config") from None
     except OSError as exc:
         raise RecipeError(f"{config}: cannot read: {exc}") from None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    folder = Path(base, "kernelcache", "serve", "models", hashlib.sha256(data).hexdigest()[:16], _model_name(model))
+    folder = user_cache("serve", "models", hashlib.sha256(data).hexdigest()[:16], _model_name(model))
     if not (folder / "config.json").is_file() or (folder / "config.json").read_bytes() != data:
         folder.mkdir(parents=True, exist_ok=True)
         scratch = folder / f"config.json.{os.getpid()}.tmp"
