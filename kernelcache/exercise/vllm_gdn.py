@@ -25,6 +25,7 @@ from typing import Any
 from . import vllm_mamba
 from .vllm_mamba import AutotuneCandidates, drive, python_bodies, real_host, summary, tensor_parallel, warmup_failures
 from .vllm_sampler import _device_scope, _require_triton, cross
+from .vllm_serve import answering_flash_attn_version, fa_version
 
 LAYER_NAME = "model.layers.0.linear_attn"
 DTYPES = ("bfloat16", "float16")  # chunk_gated_delta_rule refuses float32
@@ -391,22 +392,10 @@ def served_flash_attn_version():
     if not cross():
         yield
         return
-    import importlib
-
     from vllm.platforms import current_platform
 
-    major = current_platform.get_device_capability().major
-    version = {9: 3, 10: 4}.get(major, 2)
-    modules = [importlib.import_module("vllm.v1.attention.backends.fa_utils")]
-    saved = modules[0].get_flash_attn_version
-    modules[0].get_flash_attn_version = lambda *args, **kwargs: version
-    try:
-        modules.append(importlib.import_module("vllm.v1.attention.backends.flash_attn"))
-        modules[1].get_flash_attn_version = modules[0].get_flash_attn_version
+    with answering_flash_attn_version(fa_version(current_platform.get_device_capability().major)):
         yield
-    finally:
-        for module in modules:
-            module.get_flash_attn_version = saved
 
 
 def padded_page(attn: Any, dims: Dims, config: Any, backend: Any) -> int | None:

@@ -285,7 +285,7 @@ def _attention_backend(config: Any) -> str:
         return getattr(named, "name", str(named))
     model = config.model_config
     try:
-        with set_current_vllm_config(config), served_flash_attn_version():
+        with set_current_vllm_config(config), answering_flash_attn_version(served_fa_version()):
             backend = get_attn_backend(model.get_head_size(), model.dtype, config.cache_config.cache_dtype,
                                        has_sliding_window=bool(model.get_sliding_window()))
     except Exception as exc:  # noqa: BLE001 - a model with no plain attention (attention-free, MLA): the default
@@ -294,28 +294,35 @@ def _attention_backend(config: Any) -> str:
     return backend.get_name()
 
 
-def served_fa_version() -> int:
-    """The FlashAttention version vLLM runs on ``PROFILE``'s GPU with its own FlashAttention builds
+def fa_version(major: int) -> int:
+    """The FlashAttention version vLLM runs on a GPU of capability ``major`` with its own FlashAttention builds
     (``fa_utils.get_flash_attn_version``: FA3 on Hopper, FA4 on Blackwell, FA2 otherwise)."""
-    return {9: 3, 10: 4}.get(int(PROFILE["arch"].removeprefix("sm_")) // 10, 2)
+    return {9: 3, 10: 4}.get(major, 2)
+
+
+def served_fa_version() -> int:
+    """``fa_version`` of ``PROFILE``'s GPU."""
+    return fa_version(int(PROFILE["arch"].removeprefix("sm_")) // 10)
 
 
 @contextlib.contextmanager
-def served_flash_attn_version() -> Iterator[None]:
-    """``get_flash_attn_version`` answers the target's version (``served_fa_version``), not what loads here without a
-    GPU (none, so vLLM's selector would pass over FLASH_ATTN)."""
+def answering_flash_attn_version(version: int) -> Iterator[None]:
+    """``get_flash_attn_version`` answers ``version``, not what loads on a machine without the GPU (there: none, so
+    vLLM's selector would pass over FLASH_ATTN; in the exercises it decides FlashAttention's kernel block sizes).
+    vllm/v1/attention/backends/flash_attn.py imports it by name from fa_utils: fa_utils is answered first, so a
+    flash_attn first imported inside takes the answer too, and both get fa_utils' own back after."""
     import importlib
 
-    version = served_fa_version()
-    modules = [importlib.import_module(f"vllm.v1.attention.backends.{name}") for name in ("fa_utils", "flash_attn")]
-    saved = [module.get_flash_attn_version for module in modules]
-    for module in modules:
-        module.get_flash_attn_version = lambda *args, **kwargs: version
+    modules = [importlib.import_module("vllm.v1.attention.backends.fa_utils")]
+    saved = modules[0].get_flash_attn_version
+    modules[0].get_flash_attn_version = lambda *args, **kwargs: version
     try:
+        modules.append(importlib.import_module("vllm.v1.attention.backends.flash_attn"))
+        modules[1].get_flash_attn_version = modules[0].get_flash_attn_version
         yield
     finally:
-        for module, value in zip(modules, saved, strict=True):
-            module.get_flash_attn_version = value
+        for module in modules:
+            module.get_flash_attn_version = saved
 
 
 def flash_attn_interface() -> None:
