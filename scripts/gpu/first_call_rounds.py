@@ -239,6 +239,27 @@ class Watch:
                 "gc_seconds": round(self.gc_seconds, 6), "gc_collections": self.gc_collections}
 
 
+class Usage:
+    """What the process used from here on, besides wall time: CPU time (all its threads, and this thread alone, which
+    runs the call), page faults and context switches. Two processes doing the same work use the same CPU time and
+    faults however the machine's speed varies between them."""
+
+    def __init__(self):
+        self.start = self._now()
+
+    @staticmethod
+    def _now() -> dict:
+        import resource
+
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        return {"cpu_ms": time.process_time() * 1000, "thread_cpu_ms": time.thread_time() * 1000,
+                "minflt": used.ru_minflt, "majflt": used.ru_majflt, "vcsw": used.ru_nvcsw, "ivcsw": used.ru_nivcsw}
+
+    def since(self) -> dict:
+        now = self._now()
+        return {name: round(now[name] - self.start[name], 3) for name in now}
+
+
 FAKE = False  # --fake: a CPU dry run under kernelcache's fake sm_90 target (no GPU; kernels compiled, not run)
 
 
@@ -370,6 +391,7 @@ def child(path: str, profile: bool, wait: bool) -> dict:
                 sys.exit(3)
         profiler = _profiler() if profile else None
         sync()
+        usage = Usage()
         watch.on, phases.clock = True, time.perf_counter()
         if profiler:
             profiler.enable()
@@ -377,6 +399,7 @@ def child(path: str, profile: bool, wait: bool) -> dict:
         mark = time.perf_counter()
         sync()
         end = time.perf_counter()
+        usage = usage.since()
         if profiler:
             profiler.disable()
         watch.on, phases.stop = False, end
@@ -385,7 +408,8 @@ def child(path: str, profile: bool, wait: bool) -> dict:
         step()
         sync()
         second = time.perf_counter() - mark
-    return {"first_call": first, "second_call": second, "final_sync": final_sync, "setup": setup,
+    return {"first_call": first, "first_call_usage": usage, "second_call": second, "final_sync": final_sync,
+            "setup": setup,
             "marks": [[m, round(t - phases.clock, 6)] for m, t in marks], **watch.result(), **phases.summary(),
             "tokens": None if FAKE else _digest(tokens),
             "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "(unset: torch sets LAZY)"),
@@ -677,8 +701,9 @@ class Driver:
         process per path if time is left."""
         modes, rounds, paths = self.args.modes.split(","), self.args.rounds, self.args.paths.split(",")
         firsts = [self.spec("quiet", 0, p, "served", first_in_cache=True, debug=True) for p in paths]
-        quiet = firsts + [self.spec("quiet", r, p, m) for r in range(1, rounds + 1) for p in paths for m in modes]
-        busy = [self.spec("busy", r, p, m) for r in range(1, rounds + 1) for p in paths for m in modes]
+        quiet = firsts + [self.spec("quiet", r, p, m) for r in range(1, rounds + 1) for p in paths
+                          for m in round_order(modes, r)]
+        busy = [self.spec("busy", r, p, m) for r in range(1, rounds + 1) for p in paths for m in round_order(modes, r)]
         profiles = [self.spec("profile", 0, p, m, profile=True) for p in paths for m in modes]
         size = self.args.batch
         batches = [(quiet[i:i + size], False) for i in range(0, len(quiet), size)]
@@ -706,6 +731,13 @@ class Driver:
             write_summary(self.rows, self.out)
             self.say(f"done: {len(self.rows)} processes, {sum('error' in r for r in self.rows)} failed")
         return 0
+
+
+def round_order(modes: list[str], rnd: int) -> list[str]:
+    """The modes in the order given in odd rounds and reversed in even ones, so that no mode always runs right after
+    another (a process's speed follows what ran before it: served-fresh after served in every round made any such
+    drift look like a difference between them)."""
+    return list(modes) if rnd % 2 else list(reversed(modes))
 
 
 # == the summary ======================================================================================
@@ -737,11 +769,18 @@ def summarise(rows: list[dict]) -> dict:
                       "compiles": sorted({r["compiles"] for r in group}),
                       "builds": sorted({b for r in group for b in r["builds"]}),
                       "triton_key_ms": [round(_seconds(r, "triton_key") * 1000, 1) for r in group],
+                      "thread_cpu_ms": [_used(r, "thread_cpu_ms") for r in sorted(group, key=lambda r: r["round"])],
+                      "minflt": [_used(r, "minflt") for r in sorted(group, key=lambda r: r["round"])],
                       "walks": sorted({json.dumps(r["walks"]) for r in group if r.get("walks")}),
                       "phases_ms": _median_phases(group)})
     return {"table": table, "ratios": ratios(timed), "failed": [
         {k: r.get(k) for k in ("id", "phase", "round", "path", "mode", "error", "stderr_tail")}
         for r in rows if "error" in r]}
+
+
+def _used(row: dict, name: str):
+    """One of the first call's ``Usage`` numbers (None in rows from before the harness kept them)."""
+    return (row.get("first_call_usage") or {}).get(name)
 
 
 def _seconds(row: dict, phase: str) -> float:
@@ -766,23 +805,29 @@ def ratios(rows: list[dict]) -> list[dict]:
         base = warm.get((row["phase"], row["path"], row["round"]))
         if row["mode"].startswith("served") and base and not row.get("first_in_cache"):
             found.setdefault((row["phase"], row["path"], row["mode"]), []).append(round(row["first_call"] / base, 3))
-    served = {(r["phase"], r["path"], r["round"]): r["first_call"] for r in rows
+    second = {(r["phase"], r["path"], r["round"]): r for r in rows
               if r["mode"] == "served" and not r.get("first_in_cache")}
-    fresh = {}
+    fresh, cpu = {}, {}
     for row in rows:
-        second = served.get((row["phase"], row["path"], row["round"]))
-        if row["mode"] == "served-fresh" and second:
-            fresh.setdefault((row["phase"], row["path"]), []).append(round(row["first_call"] / second, 3))
+        other = second.get((row["phase"], row["path"], row["round"]))
+        if row["mode"] != "served-fresh" or not other:
+            continue
+        fresh.setdefault((row["phase"], row["path"]), []).append(round(row["first_call"] / other["first_call"], 3))
+        if _used(row, "thread_cpu_ms") and _used(other, "thread_cpu_ms"):
+            cpu.setdefault((row["phase"], row["path"]), []).append(
+                round(_used(row, "thread_cpu_ms") / _used(other, "thread_cpu_ms"), 3))
     return [{"phase": p, "path": path, "mode": m, "per_round": v, "max": max(v), "median": statistics.median(v),
              "every_round_at_most_0.25": max(v) <= 0.25, "every_round_at_most_0.2": max(v) <= 0.2,
-             "vs_second_served_per_round": fresh.get((p, path)) if m == "served-fresh" else None}
+             "vs_second_served_per_round": fresh.get((p, path)) if m == "served-fresh" else None,
+             "cpu_vs_second_served_per_round": cpu.get((p, path)) if m == "served-fresh" else None}
             for (p, path, m), v in sorted(found.items())]
 
 
 def markdown(summary: dict) -> str:
     lines = ["| phase | path | mode | first calls, ms (round order) | median [min-max] | vs warm, per round | "
-             "vs served, per round | second call | compiles | triton_key() in the call, ms | walks |",
-             "|" + " --- |" * 11]
+             "vs served, per round | the call's CPU (its thread), ms | CPU vs served | second call | compiles | "
+             "triton_key() in the call, ms | walks |",
+             "|" + " --- |" * 13]
     by = {(r["phase"], r["path"], r["mode"]): r for r in summary["ratios"]}
     for row in summary["table"]:
         ratio = by.get((row["phase"], row["path"], row["mode"]))
@@ -791,6 +836,8 @@ def markdown(summary: dict) -> str:
                      f"{row['median_ms']} [{row['min_ms']}-{row['max_ms']}] | "
                      f"{', '.join(f'{v:.2f}×' for v in ratio['per_round']) if ratio else ''} | "
                      f"{', '.join(f'{v:.2f}×' for v in (ratio or {}).get('vs_second_served_per_round') or ())} | "
+                     f"{', '.join(str(v) for v in row['thread_cpu_ms'] if v is not None)} | "
+                     f"{', '.join(f'{v:.2f}×' for v in (ratio or {}).get('cpu_vs_second_served_per_round') or ())} | "
                      f"{row['second_call_ms']} ms | {row['compiles']} | {', '.join(map(str, row['triton_key_ms']))} | "
                      f"{'; '.join(row['walks'])} |")
     lines += ["", "Median time inside the first call, ms, by phase (inclusive; nested: compile > get_cache_key > "
