@@ -17,16 +17,19 @@ What a user's process meets (issue 32), timed so that it cannot flatter the bund
   ``KERNELCACHE_REPLAY_WALKS=0``: Triton walks every kernel) and, when asked, ``served-eager``
   (``CUDA_MODULE_LOADING=EAGER``: torch's kernels loaded before the clock, which tells what CUDA's lazy loading
   costs the call);
-* rounds interleave the modes (warm, served, served-walk, warm, ...) per path, in two phases: ``quiet`` (the GPU
-  idle before) and ``busy`` (a matmul loop right before each timed call, and 10 s of it before each batch). Before
-  the rounds, the first served process of each path in the fresh install (it walks, and keeps the walks at exit).
+* rounds interleave the modes per path (warm, served, served-walk in odd rounds, reversed in even ones, so that no
+  mode always runs right after another), in two phases: ``quiet`` (the GPU idle before) and ``busy`` (a matmul loop
+  right before each timed call, and 10 s of it before each batch). Before the rounds, the first served process of
+  each path in the shared install (what it walks the bundle's records do not cover, and keeps at exit).
 
 To fit one device call, the processes of a batch start together, each does everything before the clock, says
 READY and waits on its stdin; the driver then lets one at a time run its timed part and exit (the others sleep in a
 read), so no timed call shares the CPU or GPU. Each process also times, without cProfile, where its first call
 goes (``PHASES``: triton_key, each kernel's ``cache_key`` walk, compile()'s hit path, module loads, helper modules,
-the driver's start, generator set-up, GC pauses), counts compiles with kernelcache's compile listener and the
-commands it starts; one extra process per path and mode runs its first call under cProfile (``served`` ones with
+the driver's start, generator set-up, GC pauses), counts what the call used besides wall time (``Usage``: CPU time,
+page faults, context switches; the same work gives the same faults and about the same CPU time where the wall time
+of one process and the next differ), counts compiles with kernelcache's compile listener and the commands it
+starts; one extra process per path and mode runs its first call under cProfile (``served`` ones with
 ``KERNELCACHE_DEBUG=1``). Everything is written as it comes: a failed process or mode loses nothing else.
 
     python3 scripts/gpu/first_call_rounds.py --bundles '.carry/fc/*.tar.zst' --out $OUT --rounds 3
