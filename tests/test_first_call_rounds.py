@@ -68,3 +68,28 @@ def test_summary_compares_the_fresh_install_with_the_second_served_process_by_wa
     table = next(r for r in summary["table"] if r["mode"] == "served-fresh")
     assert table["thread_cpu_ms"] == [40.0, 30.0]
     assert "1.00×, 0.75×" in rounds.markdown(summary)
+
+
+def _driver(tmp_path, *flags: str):
+    import argparse
+
+    rounds.tempfile.tempdir = str(tmp_path)  # the driver's work dir goes there
+
+    args = argparse.Namespace(out=str(tmp_path / "out"), budget=60.0, pin=None, no_pin=False, fake=True)
+    for flag in flags:
+        if flag == "--no-pin":
+            args.no_pin = True
+        else:
+            args.pin = int(flag)
+    return rounds.Driver(args)
+
+
+def test_every_timed_process_is_pinned_to_one_cpu_unless_told_not_to(tmp_path, monkeypatch):
+    monkeypatch.setattr(rounds.tempfile, "tempdir", None)  # put back after the test
+    spec = {"id": 1, "phase": "quiet", "round": 1, "path": "k", "mode": "warm"}
+    command, _ = _driver(tmp_path).command(spec)
+    assert command[command.index("--pin") + 1] == str(max(rounds.os.sched_getaffinity(0)))
+    command, _ = _driver(tmp_path, "0").command(spec)
+    assert command[command.index("--pin") + 1] == "0"
+    command, _ = _driver(tmp_path, "--no-pin").command(spec)
+    assert "--pin" not in command

@@ -24,7 +24,8 @@ What a user's process meets (issue 32), timed so that it cannot flatter the bund
 
 To fit one device call, the processes of a batch start together, each does everything before the clock, says
 READY and waits on its stdin; the driver then lets one at a time run its timed part and exit (the others sleep in a
-read), so no timed call shares the CPU or GPU. Each process also times, without cProfile, where its first call
+read), so no timed call shares the CPU or GPU, and each runs on the same CPU (``--pin``; the busy phase's matmul
+loop on the others). Each process also times, without cProfile, where its first call
 goes (``PHASES``: triton_key, each kernel's ``cache_key`` walk, compile()'s hit path, module loads, helper modules,
 the driver's start, generator set-up, GC pauses), counts what the call used besides wall time (``Usage``: CPU time,
 page faults, context switches; the same work gives the same faults and about the same CPU time where the wall time
@@ -363,7 +364,7 @@ def _mrv2(logits, full, marks: list):
     return step
 
 
-def child(path: str, profile: bool, wait: bool) -> dict:
+def child(path: str, profile: bool, wait: bool, pin: int | None = None) -> dict:
     """One fresh process: set up, say READY, wait for GO, time the first and second call; the result as a dict."""
     started = time.perf_counter()
     import torch
@@ -388,6 +389,8 @@ def child(path: str, profile: bool, wait: bool) -> dict:
 
             gc.collect()
             gc.freeze()
+        if pin is not None:  # the timed part on the one CPU every timed process gets
+            os.sched_setaffinity(0, {pin})
         if wait:
             print("READY", flush=True)
             if sys.stdin.readline().strip() != "GO":
@@ -414,7 +417,7 @@ def child(path: str, profile: bool, wait: bool) -> dict:
     return {"first_call": first, "first_call_usage": usage, "second_call": second, "final_sync": final_sync,
             "setup": setup,
             "marks": [[m, round(t - phases.clock, 6)] for m, t in marks], **watch.result(), **phases.summary(),
-            "tokens": None if FAKE else _digest(tokens),
+            "tokens": None if FAKE else _digest(tokens), "pinned_cpu": pin,
             "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "(unset: torch sets LAZY)"),
             "top": _top(profiler) if profiler else None}
 
@@ -465,8 +468,12 @@ def _top(profiler, count: int = 45) -> list[dict]:
     return sorted(rows, key=lambda r: -r["cumtime"])[:count] + sorted(rows, key=lambda r: -r["tottime"])[:25]
 
 
-def gpu_work() -> None:
-    """A matmul loop on command: reads ``WORK seconds`` lines, answers ``DONE`` once the GPU is idle again."""
+def gpu_work(avoid: int | None = None) -> None:
+    """A matmul loop on command: reads ``WORK seconds`` lines, answers ``DONE`` once the GPU is idle again. Off the
+    CPU ``avoid`` (the timed processes'), where there are others."""
+    others = os.sched_getaffinity(0) - {avoid}
+    if avoid is not None and others:
+        os.sched_setaffinity(0, others)
     import torch
 
     a = torch.randn((8192, 8192), device="cuda", dtype=torch.bfloat16)
@@ -561,6 +568,7 @@ class Driver:
         self.rows: list[dict] = []
         self.served = self.work / "served"
         self.warm = self.work / "warm"
+        self.pin = None if args.no_pin else args.pin if args.pin is not None else max(os.sched_getaffinity(0))
         self.bundle = ""  # the one installed (``install``): every served-fresh process gets a new install of it
         self.next_id = 0
         self.children: list[Child] = []  # started and not finished: ended if the driver is
@@ -603,6 +611,8 @@ class Driver:
 
     def command(self, spec: dict) -> tuple[list[str], dict]:
         harness = [sys.executable, str(HERE), "--child", spec["path"]]
+        if self.pin is not None:
+            harness += ["--pin", str(self.pin)]
         if spec.get("profile"):
             harness.append("--profile")
         if spec.get("wait", True):
@@ -672,7 +682,8 @@ class Driver:
         if FAKE:  # no GPU to keep busy
             return
         if self.gpu is None:
-            self.gpu = subprocess.Popen([sys.executable, str(HERE), "--gpu-work"], stdin=subprocess.PIPE,
+            avoid = [] if self.pin is None else ["--pin", str(self.pin)]
+            self.gpu = subprocess.Popen([sys.executable, str(HERE), "--gpu-work", *avoid], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True, env=self.env(), cwd=str(REPO))
             self.gpu.stdout.readline()
         self.gpu.stdin.write(f"WORK {seconds}\n")
@@ -864,6 +875,9 @@ def main() -> int:
     parser.add_argument("--child", choices=PATHS, help="run one harness process for this path")
     parser.add_argument("--profile", action="store_true", help="(child) the first call under cProfile")
     parser.add_argument("--wait", action="store_true", help="(child) say READY, wait for GO on stdin")
+    parser.add_argument("--pin", type=int, help="the CPU every timed part runs on (default: the highest the driver "
+                                                "may use); the busy phase's matmul loop runs on the others")
+    parser.add_argument("--no-pin", action="store_true", help="timed parts run on any CPU")
     parser.add_argument("--fake", action="store_true", help="(child, driver) a CPU dry run: fake sm_90 target")
     parser.add_argument("--gpu-work", action="store_true", help="the matmul loop process")
     parser.add_argument("--summarise", metavar="ROWS", help="rewrite summary.json/.md beside ROWS (rows.jsonl)")
@@ -884,10 +898,10 @@ def main() -> int:
     global FAKE
     FAKE = args.fake
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, args.profile, args.wait), default=str), flush=True)
+        print("RESULT " + json.dumps(child(args.child, args.profile, args.wait, args.pin), default=str), flush=True)
         return 0
     if args.gpu_work:
-        gpu_work()
+        gpu_work(args.pin)
         return 0
     if args.summarise:
         rows = [json.loads(line) for line in Path(args.summarise).read_text().splitlines() if line.strip()]
