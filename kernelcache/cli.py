@@ -221,7 +221,10 @@ class PathOption(click.Option):
 
 def plan_options(recipe_help: str):
     """The options ``build`` and ``verify`` share: a recipe, the flags that override its plan (handed on as
-    one ``PlanOverrides``, the ``overrides`` argument), and how the exercise processes run."""
+    one ``PlanOverrides``, the ``overrides`` argument), and how the exercise processes run. The families' own
+    vLLM flags (``Family.flags``, from the registry) come after the engine's."""
+    from .plan import families
+
     options = (
         click.option("--recipe", "--manifest", "recipe", type=click.Path(dir_okay=False), default=None,
                      metavar="NAME|FILE",
@@ -253,9 +256,7 @@ def plan_options(recipe_help: str):
                                                             "fp8_e4m3, fp8_e5m2 (the attention path: auto only)."),
         click.option("--block-size", type=int, default=None, help="vLLM --block-size: tokens per KV-cache block "
                                                                   "(runner, attention) [default: 16]."),
-        click.option("--gdn-prefill-backend", default=None,
-                     help="vLLM --gdn-prefill-backend (gdn): auto (vLLM's choice: FlashInfer's CUDA module on "
-                          "Hopper), triton (the FLA Triton kernels), flashinfer."),
+        *(click.option(flag.vllm, flag.name, default=None, help=flag.help) for flag in families.flags()),
         click.option("--mode", type=click.Choice(["auto", "cross", "native"]), default="auto", show_default=True,
                      help="native: run on a visible GPU of the arch; cross: a faithful fake target; "
                           "auto: native if possible."),
@@ -267,15 +268,15 @@ def plan_options(recipe_help: str):
         @functools.wraps(func)
         def command(*args, gpus, vocabs, dtypes, max_num_seqs, paths, num_speculative_tokens, max_model_len,
                     model_config, max_num_batched_tokens, tensor_parallel_size, attention_backend, kv_cache_dtype,
-                    block_size, gdn_prefill_backend, **kwargs):
+                    block_size, **kwargs):
             from .plan.recipe import PlanOverrides
 
-            overrides = PlanOverrides(
+            overrides = PlanOverrides.of(
                 gpus=gpus, vocabs=vocabs, dtypes=dtypes, max_num_seqs=max_num_seqs, paths=paths,
                 num_speculative_tokens=num_speculative_tokens, max_model_len=max_model_len, model_config=model_config,
                 max_num_batched_tokens=max_num_batched_tokens, tensor_parallel_size=tensor_parallel_size,
                 attention_backend=attention_backend, kv_cache_dtype=kv_cache_dtype, block_size=block_size,
-                gdn_prefill_backend=gdn_prefill_backend)
+                **{flag.name: kwargs.pop(flag.name) for flag in families.flags()})
             return func(*args, overrides=overrides, **kwargs)
 
         for option in reversed(options):
