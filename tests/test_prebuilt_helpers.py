@@ -3,7 +3,7 @@
 Triton 3.6 keys ``cuda_utils`` and each ``__triton_launcher`` by ``sha256(source + platform_key())``, and
 ``platform_key()`` holds what file(1) says of the interpreter: a bundle built where ``file`` is installed missed
 every one of them on an image without it, and Triton built them again with gcc. From 3.7 ``cuda_utils``'s key holds
-the install paths, so it missed everywhere. ``runtime/site/kernelcache_prebuilt.py`` answers Triton's build step
+the install paths, so it missed everywhere. ``hooks/kernelcache_prebuilt.py`` answers Triton's build step
 with the bundle's module built from the same source. These tests run Triton's own ``CudaUtils()`` in processes
 whose C compiler is ``/bin/false``: any real build fails, so a loaded module was taken from the cache.
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from helpers.common import clean_env, kc
 
-from kernelcache.bundle import archive
-from kernelcache.runtime.site import kernelcache_prebuilt as kp
+from kernelcache.format import archive
+from kernelcache.hooks import kernelcache_prebuilt as kp
 
 # Triton's driver start: its cuda_utils module, built (or found) against a stub libcuda.so.1 in argv[1].
 PROBE = r"""
