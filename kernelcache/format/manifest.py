@@ -24,7 +24,7 @@ from ..hooks.kernelcache_autotune import SUFFIX as AUTOTUNE_SUFFIX
 from ..hooks.kernelcache_listener import json_value  # the compile log's hook writes constexprs with it
 from ..hooks.kernelcache_walks import BUNDLE_DIR as WALKS_DIR
 from ..hooks.kernelcache_walks import BUNDLE_FILE as WALKS_FILE
-from . import canonical, keep_old_name
+from . import canonical
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -464,5 +464,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return json_value(value)
-
-keep_old_name(__name__)  # kernelcache.bundle.manifest
