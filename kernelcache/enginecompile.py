@@ -151,6 +151,7 @@ def differences(record: dict, here: dict) -> list[str]:
     out += [f"{name}: bundle {env_a.get(name)!r}, here {env_b.get(name)!r}"
             for name in sorted(set(env_a) | set(env_b)) if env_a.get(name) != env_b.get(name)]
     conf_a, conf_b = record.get("configs", {}), here.get("configs", {})
+    hashed_only = []  # a sub-config whose hash differs with no plain field that does (derived values: ranges, ...)
     for name in sorted(set(conf_a) | set(conf_b)):
         a, b = conf_a.get(name, {}), conf_b.get(name, {})
         if a.get("hash") == b.get("hash"):
@@ -158,7 +159,9 @@ def differences(record: dict, here: dict) -> list[str]:
         fa, fb = a.get("fields", {}), b.get("fields", {})
         fields = [f"{name}.{k}: bundle {fa.get(k)!r}, here {fb.get(k)!r}" for k in sorted(set(fa) | set(fb))
                   if fa.get(k) != fb.get(k)]
-        out += fields or [f"{name} (its compute_hash differs)"]
+        out += fields
+        hashed_only += [] if fields else [f"{name} (its compute_hash differs)"]
+    out += hashed_only
     if not out and record.get("factors") != here.get("factors"):
         labels = ["the VLLM_* environment", "VllmConfig.compute_hash()", "the system (product, CUDA, Triton)",
                   "torch_key", "Inductor's config", "functorch's config"]
@@ -196,9 +199,9 @@ def check(record: dict, serve: str | None = None, python: str = sys.executable) 
     naming what differs."""
     differing = differences(record, factors_here(record, serve, python))
     if differing:
-        raise EngineCompileMismatch(f"vLLM would not load the bundle's compile artifact here ({record['hash_dir'][:12]}"
-                                    f"): {differing[0]}" + (f" (and {len(differing) - 1} more)" if len(differing) > 1
-                                                            else ""))
+        more = f"; and {len(differing) - 3} more" if len(differing) > 3 else ""
+        raise EngineCompileMismatch(f"vLLM would not load the bundle's compile artifact here "
+                                    f"({record['hash_dir'][:12]}): {'; '.join(differing[:3])}{more}")
 
 
 def unpack(cache_dir: Path, tree: Path) -> Path:
