@@ -191,28 +191,17 @@ class Watch:
     def install(self) -> None:
         import gc
 
-        import kernelcache.bundle.manifest  # noqa: F401 -- what the listener's first record imports: not on the clock
-        from kernelcache.exercise import listener
+        import kernelcache.format.manifest  # noqa: F401 -- what the listener's first record imports: not on the clock
+        from kernelcache.hooks import kernelcache_listener
 
-        listener.install(also=lambda record: self.on and self.events.append(record))
-        self._count_builds()
+        kernelcache_listener.install(also=lambda record: self.on and self.events.append(record))
+        kernelcache_listener.count_builds(also=self._built)
         sys.addaudithook(self._audit)
         gc.callbacks.append(self._gc)
 
-    def _count_builds(self) -> None:
-        from triton.runtime import build
-
-        original = build._build
-
-        def counted(name, *args, **kwargs):
-            so = original(name, *args, **kwargs)
-            if self.on:
-                from kernelcache.hooks.kernelcache_prebuilt import served_by_cache
-
-                self.builds.append(f"{name}:{'copied' if served_by_cache(so) else 'gcc'}")
-            return so
-
-        build._build = counted
+    def _built(self, record: dict) -> None:
+        if self.on:
+            self.builds.append(f"{record['name']}:{'copied' if record['event'] == 'prebuilt' else 'gcc'}")
 
     def _audit(self, event, args) -> None:
         if not self.on:
