@@ -8,8 +8,9 @@ these forms and calls the same Python API the click commands call:
   [--trusted-key K]...``: of a
   bundle file this cache dir accepted before under what holds now, its signature policy included
   (cachedir/checked.py), the no-op answer, without the installer; else the
-  install itself, as ``cli.install`` makes it (the same API call and output; its errors are said by
-  ``cli.fail``, exactly as the click command says them, and never run again through click);
+  install itself, as the click command (cli/serving.py) makes it (the same API call, and one renderer of the
+  output, render.py); its errors are said by ``cli.fail``, exactly as the click command says them, and never run
+  again through click;
 * ``env [--cache-dir D] [--json]``: the variables kept by the last computation when everything they rested on
   holds (runtime/served.py), else ``runtime.env.env``;
 * ``run [--bundle B] [--cache-dir D] [--strict] [--require-signature] [--trusted-key K]... [--] COMMAND...``:
@@ -20,7 +21,7 @@ these forms and calls the same Python API the click commands call:
 * ``--version``: what click's ``version_option`` prints (``kernelcache, version 0.1.0``), from the package alone.
 
 Anything else (another verb or option, ``--help``, a ``--cache-dir`` click's parser refuses) and any error
-before an install starts goes to the click CLI (cli.py), which parses the arguments itself and renders errors
+before an install starts goes to the click CLI (cli/), which parses the arguments itself and renders errors
 and tables as always; a failed call there repeats nothing that was not idempotent (``env`` and ``run`` only
 read, or finish an interrupted install, before they print or exec).
 """
@@ -148,7 +149,7 @@ def _not_a_dir(root: str) -> bool:
 
 def _install_now(bundle: str, root: str, check_gpu: bool, as_json: bool, signature_policy, arch: str | None = None,
                  gpu: str | None = None) -> bool:
-    """What ``cli.install`` does with these options, without click: the same API call, output and errors (an
+    """What the click ``install`` does with these options, without click: the same API call, output and errors (an
     error is said by ``cli.fail``, which loads click then). False, for click, where the cache dir ``root`` is not a
     directory (``_not_a_dir``)."""
     if _not_a_dir(root):
@@ -162,7 +163,7 @@ def _install_now(bundle: str, root: str, check_gpu: bool, as_json: bool, signatu
         from .format.archive import Limits
         from .install import install_into
 
-        limits = Limits.from_env()  # as cli.make_limits, with no --max-* flags
+        limits = Limits.from_env()  # as cli.options.make_limits, with no --max-* flags
         result = install_into(bundle, CacheDir(Path(root)), check_gpu=check_gpu, limits=limits, arch=arch, gpu=gpu,
                               signature_policy=signature_policy, asked=True).to_dict()
     except (KernelcacheError, OSError) as exc:
@@ -174,22 +175,12 @@ def _install_now(bundle: str, root: str, check_gpu: bool, as_json: bool, signatu
 
 
 def _render_install(result: dict, as_json: bool) -> None:
-    """``cli._render_install`` of an install without ``--force`` (so no FORCED warning, the one click styles)."""
-    from .bundle.trust import said
+    """As ``cli.serving`` renders an install without ``--force`` (so no FORCED warning, the one click styles)."""
+    from .render import install_summary
 
-    signed = said(result.get("signature"))
     for warning in result["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
-    tuned = "; autotune choices installed" if result.get("choices") == "installed" else ""
-    if as_json:
-        import json
-
-        print(json.dumps({k: v for k, v in result.items() if k != "warnings"}, indent=1))
-    elif result["action"] == "already-installed":
-        print(f"already installed in {result['cache_dir']} (digest {result['digest'][:16]}){signed}{tuned}")
-    else:
-        print(f"installed {result['written']} entries into {result['cache_dir']} ({result['present']} already "
-              f"there) in {result['seconds']:.2f}s{signed}{tuned}")
+    print(install_summary(result, as_json))
 
 
 def _env(options: dict, positionals: list[str]) -> bool:

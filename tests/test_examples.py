@@ -31,7 +31,7 @@ DOCKERFILE = EXAMPLES / "Dockerfile"
 DEPLOYMENT = EXAMPLES / "kubernetes" / "deployment.yaml"
 READONLY = EXAMPLES / "kubernetes" / "deployment-readonly.yaml"
 WORKFLOW = EXAMPLES / "ci" / "github-actions.yml"
-# Commands other developers are adding right now. Checked strictly once they exist in cli.py.
+# Commands other developers are adding right now. Checked strictly once they exist in cli/.
 # -- finding kernelcache invocations -------------------------------------------------------------
 
 

@@ -56,7 +56,8 @@ LAYERS = (
     ("verify", ("kernelcache.verify",)),
     ("tune", ("kernelcache.tune",)),  # times a bundle's autotuned kernels: install, exercise and verify's plan
     # The commands and the package face (kernelcache/__init__.py), which hands every verb on.
-    ("cli", ("kernelcache.cli", "kernelcache.entry", "kernelcache.__main__", "kernelcache")),
+    # render.py: what the pod-start verbs print, shared by the click commands and the click-free entry point.
+    ("cli", ("kernelcache.render", "kernelcache.cli", "kernelcache.entry", "kernelcache.__main__", "kernelcache")),
 )
 FACE = "kernelcache"  # everything is under the package face: it names itself alone
 
@@ -235,3 +236,28 @@ def test_drawn_by_folder_no_circle_is_left_once_that_arrow_is_out():
     up = set(arrows_back_up(edges))
     rest = {a: {b for b in targets if (a, b) not in up} for a, targets in edges.items()}
     assert not circles(rest), circles(rest)
+
+
+# -- the commands -------------------------------------------------------------------------------------------------
+
+COMMANDS = [*ROOT.glob("kernelcache/cli/*.py"), ROOT / "kernelcache" / "entry.py", ROOT / "kernelcache" / "render.py"]
+LONGEST = 60  # lines of one function, its decorators included
+
+
+def test_no_function_of_the_commands_is_longer_than_a_screen():
+    """A command parses its options, calls one API function and renders the result: 60 lines hold that."""
+    long = []
+    for path in COMMANDS:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                if node.end_lineno - start + 1 > LONGEST:
+                    long.append(f"{path.relative_to(ROOT)}:{start}: {node.name} ({node.end_lineno - start + 1} lines)")
+    assert COMMANDS and not long, "\n".join(long)
+
+
+def test_no_banner_or_comment_of_the_commands_names_an_issue():
+    """Code says what it does; the tracker says why it changed."""
+    named = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for path in COMMANDS
+             for number, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"\bissue \d+", line)]
+    assert not named, "\n".join(named)
