@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import enginecompile
 from ..bundle.trust import Policy, policy
 from ..cachedir import CacheDir, recover
 from ..cachedir.layout import cache_root
@@ -37,6 +38,7 @@ def environment(root: Path) -> dict[str, str]:
     variables.update(flashinfer.environment(root))
     variables.update(triton_key_environment(root, variables))
     variables.update(autotune_environment(root, variables))
+    variables.update(enginecompile.environment(root))
     return variables
 
 

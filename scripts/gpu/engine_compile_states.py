@@ -27,6 +27,7 @@ from pathlib import Path
 
 EVENTS: Counter = Counter()
 LIBRARIES: list = []
+SCHEMAS = Path(__file__).resolve().parents[2] / "kernelcache" / "exercise" / "vllm_c_op_schemas.json"
 TIMES: dict = {}
 
 
@@ -53,7 +54,7 @@ def define_missing_c_ops() -> list[str]:
     fails loudly. Returns the ops defined so."""
     import torch
 
-    schemas = json.loads((Path(__file__).parent / "vllm_c_op_schemas.json").read_text())
+    schemas = json.loads(SCHEMAS.read_text())
     library = torch.library.Library("_C", "FRAGMENT")
     defined = []
     for name, schema in sorted(schemas.items()):  # "op.overload" ("op.default" for the plain one)
@@ -81,6 +82,8 @@ def main() -> int:
     parser.add_argument("--memory", type=int, default=85520809984)
     parser.add_argument("--reference", help="a run's saved output (.pt) to compare with")
     parser.add_argument("--save-output", help="where a run saves its output (.pt)")
+    parser.add_argument("--serve", help="the serve command whose VllmConfig every state uses (as kernelcache's compile "
+                                        "path builds it: exercise/vllm_compile.py served_config)")
     args = parser.parse_args()
     report: dict = {"mode": args.mode, "cache_root": os.environ.get("VLLM_CACHE_ROOT"), "home": os.environ.get("HOME")}
     started = time.perf_counter()
@@ -103,21 +106,12 @@ def main() -> int:
 
 
 def count_triton() -> None:
-    """Every Triton compile() (hit or miss) and every gcc build of a helper module, by Triton's own hooks."""
-    import triton
-    from triton.runtime import build as triton_build
+    """Every Triton compile() (hit or miss) and every gcc build of a helper module, by kernelcache's listener."""
+    from kernelcache.hooks import kernelcache_listener
 
-    def listener(*, src, metadata, metadata_group, times, cache_hit):
-        EVENTS["triton_cache_hit" if cache_hit else "triton_compile"] += 1
-
-    triton.knobs.compilation.listener = listener
-    original = triton_build._build
-
-    def counted(*a, **k):
-        EVENTS["gcc_build"] += 1
-        return original(*a, **k)
-
-    triton_build._build = counted
+    kernelcache_listener.install(also=lambda record: EVENTS.update(["triton_cache_hit" if record["cache_hit"]
+                                                                    else "triton_compile"]))
+    kernelcache_listener.count_builds(also=lambda record: EVENTS.update(["gcc_build"]))
 
 
 def counters() -> dict:
@@ -136,11 +130,31 @@ def counters() -> dict:
 
 
 def engine_config(args):
+    if args.serve:
+        return served(args.serve)
     from vllm.engine.arg_utils import EngineArgs
 
     return EngineArgs(model=args.model, skip_tokenizer_init=True, load_format="dummy", max_model_len=2048,
                       max_num_batched_tokens=args.tokens, max_num_seqs=64, attention_backend="TRITON_ATTN",
                       ).create_engine_config()
+
+
+def served(command: str):
+    """vLLM's config for a serve command, as kernelcache's compile path makes it, vLLM's platform the GPU here (its
+    capability answers the CUTLASS queries where vLLM's compiled ops are absent)."""
+    import torch
+
+    from kernelcache.exercise import vllm_serve
+    from kernelcache.exercise.vllm_compile import served_config
+    from kernelcache.plan.serve import ServeCommand
+
+    if not vllm_serve.PROFILE:
+        props = torch.cuda.get_device_properties(0)
+        vllm_serve.PROFILE.update({"arch": f"sm_{props.major}{props.minor}", "product": props.name,
+                                   "sm_count": props.multi_processor_count, "memory_mib": props.total_memory >> 20})
+    vllm_serve.flash_attn_interface()
+    parsed = ServeCommand.parse(command)
+    return served_config(list(parsed.args), parsed.text)
 
 
 def hash_factors(config) -> list:
