@@ -242,9 +242,17 @@ def first_call(model: Any, config: Any, ids: Any, positions: Any) -> Any:
 
 
 def factors(request: dict) -> dict:
-    """The ``factors`` mode: the serving environment's values (vLLM's platform answering for the profile, so that
-    a machine without the GPU computes what the GPU's server would; the product itself is checked apart)."""
-    _profile_platform(request["profile"])
+    """The ``factors`` mode: the serving environment's values, vLLM's platform and torch's CUDA queries answering
+    for the profile (the GPU hidden), so that a machine without the GPU computes what the GPU's server would (with
+    the mega artifact Inductor's ``CacheBase.get_system`` hashes the product's name); whether the GPU here is the
+    profile's product is install's GPU check (exit 21)."""
+    from . import fake_cuda_runtime
+
+    profile = request["profile"]
+    capability = int(profile["arch"].removeprefix("sm_").rstrip("af"))
+    fake_cuda_runtime.install(capability, profile["sm_count"], profile["product"],
+                              int(profile["memory_mib"]) * 1024 * 1024)
+    _profile_platform(profile)
     return {"named": named_factors(served_config(request["args"], request["shown"]))}
 
 
