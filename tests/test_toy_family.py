@@ -78,10 +78,16 @@ def test_the_serve_shorthand_carries_the_toys_flag_as_the_vllm_flag(toy):
 def test_a_second_family_cannot_declare_a_taken_flag(toy):
     from dataclasses import replace
 
+    class Toy2(type(FAMILY)):
+        name = "toy2"
+
+    class Toy3(type(FAMILY)):
+        name, flags = "toy3", (replace(BLOCK, vllm="--block-size"),)
+
     with pytest.raises(ValueError, match="--toy-block are already declared"):
-        families.register(replace(FAMILY, name="toy2"))
+        families.register(Toy2())
     with pytest.raises(ValueError, match="--block-size are already declared"):
-        families.register(replace(FAMILY, name="toy3", flags=(replace(BLOCK, vllm="--block-size"),)))
+        families.register(Toy3())
 
 
 def test_the_cli_offers_the_flag_of_a_plugged_in_family():

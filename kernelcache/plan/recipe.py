@@ -207,8 +207,8 @@ class BuildPlan:
         the mamba or gdn path and, when the plan serves with the Triton attention backend, the attention path
         (unless --path says otherwise)."""
         model = load_config(given.model_config)
-        wanted = tuple(f.name for f in families.by_model_rank() if f.from_model and f.from_model(model, self))
-        paths = tuple(p for p in self.paths if not families.get(p).model_owned) + tuple(
+        wanted = tuple(f.name for f in families.by_model_rank() if f.from_model(model, self))
+        paths = tuple(p for p in self.paths if not families.get(p).model.owned) + tuple(
             p for p in wanted if p not in self.paths)
         return replace(self, model=model, name=_plain_name(model.name), paths=paths,
                        vocabs=(Vocab(model.vocab_size, (model.name,)),), dtypes=_model_dtypes(model))
