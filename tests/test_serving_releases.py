@@ -148,14 +148,14 @@ def test_a_missing_contact_is_named():
 # the driver; nothing calls it) an empty module where it does not load (vllm_flashinfer.py chosen_backend).
 CHECK = """
 import importlib, json, sys, types
-from kernelcache.exercise.vllm_sampler import _device_scope
+from kernelcache.exercise.drivers import device_scope
 from kernelcache.plan import families, releases
 try:
     importlib.import_module("vllm._C_stable_libtorch")
 except ImportError:
     sys.modules["vllm._C_stable_libtorch"] = types.ModuleType("vllm._C_stable_libtorch")
 problems = []
-with _device_scope():
+with device_scope():
     for family in families.families():
         if releases.release() in family.about.releases:
             problems += [f"{family.name}: {p}" for c in releases.current(family.about.contacts) if (p := c.problem())]

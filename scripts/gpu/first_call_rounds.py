@@ -344,7 +344,7 @@ def child(path: str, profile: bool, wait: bool) -> dict:
     install_phases(phases)
     watch.install()
     phases.wrap(triton.knobs.compilation, "listener", "compile_listener")  # this harness's own counting
-    with _device_scope():
+    with device_scope():
         step = scenario(path, phases, marks)
         sync()
         setup = time.perf_counter() - started
@@ -399,7 +399,7 @@ def _fake_target():
     return lambda: None
 
 
-def _device_scope():
+def device_scope():
     """Fake CUDA tensors in a dry run (kernelcache/exercise/fake_device.py); nothing otherwise."""
     import contextlib
 

@@ -8,7 +8,7 @@ from ..family import About, Family, Task
 from ..releases import Contact, stable
 
 # The fake target's vLLM side and the batch classes every exercise shares (exercise/vllm_sampler.py: setup_platform,
-# _require_triton, _sm_count, batch_classes).
+# require_triton, sm_count, batch_classes).
 SHARED = stable("vllm.platforms", "vllm.platforms.interface:DeviceCapability", "vllm.platforms.interface:Platform",
                 "vllm.platforms.interface:PlatformEnum", "vllm.triton_utils:HAS_TRITON",
                 "vllm.utils.platform_utils:num_compute_units", "vllm.v1.sample.ops.topk_topp_triton:_topp_split_count")
