@@ -181,7 +181,7 @@ def verify(bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike
         else:
             root = resolve_cache_dir(cache_dir)
             bundle_manifest = _installed_manifest(root)
-        plan = recorded_plan(bundle_manifest, recipe, overrides or PlanOverrides(**flags))
+        plan = recorded_plan(bundle_manifest, recipe, overrides or PlanOverrides.of(**flags))
         return _verify_plan(plan, bundle_manifest, root, scratch / "work", mode, jobs or os.cpu_count() or 1)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -73,6 +73,8 @@ def test_the_serve_shorthand_carries_the_toys_flag_as_the_vllm_flag(toy):
     given = recipe.PlanOverrides.of(max_num_seqs=8, toy_block="512")
     assert given.flags == {"toy_block": "512"} and given.flag("toy_block") == "512"
     assert shorthand_words(recipe._vllm_flags(given)) == ("--max-num-seqs", "8", "--toy-block", "512")
+    with pytest.raises(TypeError, match="unknown field"):
+        recipe.PlanOverrides.of(toy_blok="512")
 
 
 def test_a_second_family_cannot_declare_a_taken_flag(toy):

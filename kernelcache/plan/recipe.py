@@ -76,6 +76,8 @@ class PlanOverrides:
     def of(cls, **values: Any) -> PlanOverrides:
         """The overrides from keyword values, a family flag without a field of its own going into ``flags``."""
         own = {f.name for f in fields(cls)}
+        if unknown := set(values) - own - {f.name for f in families.flags()}:
+            raise TypeError(f"PlanOverrides got unknown field(s): {', '.join(sorted(unknown))}")
         rest = {k: v for k, v in values.items() if k not in own and v is not None}
         return cls(**{k: v for k, v in values.items() if k in own}, flags=rest or None)
 
@@ -168,7 +170,7 @@ class BuildPlan:
         """Command-line flags over the file, checked like the file (a bad flag is a usage error).
 
         ``overrides`` or the same fields as keywords (``plan.override(paths=["mrv2"])``)."""
-        given = overrides or PlanOverrides(**flags)
+        given = overrides or PlanOverrides.of(**flags)
         try:
             plan = self._override_model(given) if given.model_config else self
             plan = plan._override(given.gpus, given.vocabs, given.dtypes, given.max_num_seqs, given.paths)
