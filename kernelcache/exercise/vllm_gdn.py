@@ -40,7 +40,7 @@ CHUNK = 64  # FLA_CHUNK_SIZE (ops/utils.py): every chunk kernel's BT
 CONTEXT = 37  # tokens already in a request's state before a decode or a continued prefill
 GDN_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
 # Modules that read the TP world size and rank: the linear layers and the GDN base class (GatedDeltaNetAttention).
-TP_USERS = (*vllm_mamba._TP_USERS, "vllm.model_executor.layers.mamba.gdn.base")
+TP_USERS = (*vllm_mamba.TP_USERS, "vllm.model_executor.layers.mamba.gdn.base")
 CORE_OPS = ("qwen_gdn_attention_core", "qwen_gdn_attention_core_fused_norm_packed")
 
 

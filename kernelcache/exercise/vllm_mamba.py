@@ -227,12 +227,12 @@ def host_only(args: Any, kwargs: dict) -> bool:
 
 # -- tensor parallelism without a process group ---------------------------------------------------------------
 
-_TP_USERS = ("vllm.model_executor.layers.mamba.mamba_mixer2", "vllm.model_executor.layers.linear",
+TP_USERS = ("vllm.model_executor.layers.mamba.mamba_mixer2", "vllm.model_executor.layers.linear",
              "vllm.distributed", "vllm.distributed.parallel_state")
 
 
 @contextlib.contextmanager
-def tensor_parallel(size: int, users: tuple[str, ...] = _TP_USERS):
+def tensor_parallel(size: int, users: tuple[str, ...] = TP_USERS):
     """A one-process world (gloo) when none exists; for TP > 1, rank 0 of ``size`` as the layers see it
     (their ``get_tensor_model_parallel_world_size`` / ``_rank``), without a group: the Mamba path on one rank
     runs no collective when ``n_groups % size == 0`` and the norm is not grouped across ranks."""
