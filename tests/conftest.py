@@ -81,7 +81,7 @@ def sampling90(tmp_path_factory):
     from helpers.flashinfer import require_flashinfer
 
     require_flashinfer()
-    from kernelcache.exercise.flashinfer import build_sampling
+    from kernelcache.exercise.flashinfer_sampling import build_sampling
 
     if os.environ.get("KERNELCACHE_TEST_FLASHINFER_WORKDIR"):
         workdir = Path(os.environ["KERNELCACHE_TEST_FLASHINFER_WORKDIR"])
