@@ -9,7 +9,8 @@ install that computed it), ``KERNELCACHE_TRITON_KEYS`` and kernelcache's site di
 served processes skip hashing libtriton.so (hooks/kernelcache_tritonkey.py). When an installed bundle
 carries autotune choices (``kernelcache tune``), ``TRITON_CACHE_AUTOTUNING=1`` lets Triton read them instead of
 timing, and ``KERNELCACHE_AUTOTUNE_CHECK=1`` with the site dir guards that read (hooks/kernelcache_autotune.py);
-without choices none of these is set.
+without choices none of these is set. When a bundle installed vLLM's torch.compile artifact (the compile path,
+enginecompile.py), ``VLLM_CACHE_ROOT`` points at it and ``VLLM_FORCE_AOT_LOAD=1`` makes a miss fail loudly.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import enginecompile
 from ..bundle.trust import Policy, policy
 from ..cachedir import CacheDir, recover
 from ..cachedir.layout import cache_root
@@ -37,6 +39,7 @@ def environment(root: Path) -> dict[str, str]:
     variables.update(flashinfer_env.environment(root))
     variables.update(triton_key_environment(root, variables))
     variables.update(autotune_environment(root, variables))
+    variables.update(enginecompile.environment(root))
     return variables
 
 
