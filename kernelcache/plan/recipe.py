@@ -78,8 +78,8 @@ class PlanOverrides:
         own = {f.name for f in fields(cls)}
         if unknown := set(values) - own - {f.name for f in families.flags()}:
             raise TypeError(f"PlanOverrides got unknown field(s): {', '.join(sorted(unknown))}")
-        rest = {k: v for k, v in values.items() if k not in own and v is not None}
-        return cls(**{k: v for k, v in values.items() if k in own}, flags=rest or None)
+        rest = {**(values.get("flags") or {}), **{k: v for k, v in values.items() if k not in own and v is not None}}
+        return cls(**{k: v for k, v in values.items() if k in own and k != "flags"}, flags=rest or None)
 
     def flag(self, name: str) -> Any:
         """A family flag's value (None: not given)."""
