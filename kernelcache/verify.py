@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .cachedir import STATE_DIR, CacheDir, resolve_cache_dir
+from .cachedir import STATE_DIR, CacheDir
 from .errors import (
     CompilesDetected,
     FlashInferUnverified,
@@ -179,7 +179,7 @@ def verify(bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike
             root = Path(cache_dir) if cache_dir else scratch / "cache"
             install(bundle, root)
         else:
-            root = resolve_cache_dir(cache_dir)
+            root = CacheDir.at(cache_dir).root
             bundle_manifest = _installed_manifest(root)
         plan = recorded_plan(bundle_manifest, recipe, overrides or PlanOverrides(**flags))
         return _verify_plan(plan, bundle_manifest, root, scratch / "work", mode, jobs or os.cpu_count() or 1)
