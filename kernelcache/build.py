@@ -427,7 +427,7 @@ def _flashinfer_modules(plan: BuildPlan, target: BuildTarget, work: Path,
                         cache: BuildCacheSpec | None = None) -> tuple[tuple, str | None]:
     """FlashInfer's ``sampling`` module: built for the arch (cross; taken from the build cache when it has it), or
     what vLLM's path JIT-built (native); and what the build cache did (buildcache/flashinfer.py)."""
-    if "flashinfer" not in plan.paths:
+    if not any(p in families.flashinfer("built") for p in plan.paths):
         return (), None
     if target.mode == "native":
         return flashinfer_jit_module(plan, target, work), None
@@ -441,7 +441,8 @@ def _flashinfer_modules(plan: BuildPlan, target: BuildTarget, work: Path,
 
 
 def flashinfer_attention_modules(results: tuple[WorkerResult, ...], target: BuildTarget) -> tuple[tuple, tuple]:
-    """The FlashInfer modules the flashinfer_attention tasks built (exercise/vllm_flashinfer.py), as (module,
+    """The FlashInfer modules the tasks of the families that JIT them built (``Family.flashinfer`` "tasks":
+    flashinfer_attention's, exercise/vllm_flashinfer.py), as (module,
     members) pairs, each URI once; and what they left out, as skipped records (``path``: ``flashinfer/<name>``,
     ``reason``)."""
     from .exercise import flashinfer as fi_build
@@ -449,7 +450,7 @@ def flashinfer_attention_modules(results: tuple[WorkerResult, ...], target: Buil
     modules: dict[str, tuple] = {}
     left_out: dict[str, str] = {}
     cuda = None  # the toolchain's CUDA version, asked only for a module to take: a plan without one fetches none
-    for task in (t for r in results for t in r.tasks if t.label == "flashinfer_attention" and t.ok):
+    for task in (t for r in results for t in r.tasks if t.label in families.flashinfer("tasks") and t.ok):
         summary = task.summary if isinstance(task.summary, dict) else {}
         for name, built in (summary.get("built") or {}).items():
             if cuda is None:

@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from .plan.recipe import BuildPlan
     from .plan.targets import BuildTarget
 
-FLASHINFER_PATHS = ("flashinfer", "flashinfer_attention")  # the paths that import FlashInfer and build its modules
 # (owner, the package whose wheel also carries some of the owner's files): the pairs known to clash.
 CLASHES = (("cuda-bindings", "cuda-python"),)
 IMPORT_TIMEOUT = 900  # seconds: vLLM's import on a loaded 2-core box takes a minute
@@ -68,7 +67,10 @@ class PreflightResult:
 
 
 def has_flashinfer(plan: BuildPlan, targets: Sequence[BuildTarget] = ()) -> bool:
-    return any(p in FLASHINFER_PATHS for p in plan.paths)
+    """Whether the plan has a path that imports FlashInfer and builds its modules (``Family.flashinfer``)."""
+    from .plan import families
+
+    return any(p in families.flashinfer() for p in plan.paths)
 
 
 def _always(plan: BuildPlan, targets: Sequence[BuildTarget]) -> bool:

@@ -127,7 +127,7 @@ def rebuild_round(opts, root: Path, with_vocab: bool) -> dict:
 def _triton_members(bundles: list[str]) -> list[dict[str, bytes]]:
     """Each bundle's members but its manifest and FlashInfer's module: nvcc names its temporary files by pid
     (``tmpxft_<pid>_...``) and the module keeps those names, so two builds of it never have the same bytes."""
-    from kernelcache.bundle.archive import iter_members
+    from kernelcache.format.archive import iter_members
 
     return [{name: data for _, name, data in iter_members(b) if name != "manifest.json"
              and not name.startswith("flashinfer/")} for b in bundles]

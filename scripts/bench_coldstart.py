@@ -58,12 +58,12 @@ def child(scenario: str, vocab: int, prewarm: bool) -> dict:
     mark = time.perf_counter()
     import triton
 
-    from kernelcache.exercise import listener
+    from kernelcache.hooks import kernelcache_listener
 
     events: list[dict] = []
-    listener.install(also=events.append)
+    kernelcache_listener.install(also=events.append)
     gcc: list[float] = []
-    _count_gcc(gcc)
+    kernelcache_listener.count_builds(also=lambda record: gcc.append(record["seconds"]))
     t["import_triton"] = time.perf_counter() - mark
     mark = time.perf_counter()
     triton.runtime.driver.active.get_current_target()
@@ -91,20 +91,6 @@ def child(scenario: str, vocab: int, prewarm: bool) -> dict:
     return {"timings": t, "compiles": sum(not e["cache_hit"] for e in first_events),
             "hits": sum(e["cache_hit"] for e in first_events), "gcc_builds": len(first_gcc),
             "gcc_seconds": sum(first_gcc), "tokens_sha256": hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest()}
-
-
-def _count_gcc(sink: list) -> None:
-    from triton.runtime import build
-
-    original = build._build
-
-    def counted(*args, **kwargs):
-        mark = time.perf_counter()
-        so = original(*args, **kwargs)
-        sink.append(time.perf_counter() - mark)
-        return so
-
-    build._build = counted
 
 
 def _scenario(name: str, vocab: int):

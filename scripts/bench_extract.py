@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernelcache.bundle import archive  # noqa: E402
-from kernelcache.bundle.manifest import Build, Environment, FileRecord, Manifest, Module, Target  # noqa: E402
+from kernelcache.format import archive  # noqa: E402
+from kernelcache.format.manifest import Build, Environment, FileRecord, Manifest, Module, Target  # noqa: E402
 
 
 def synthetic(path: Path, mib: int) -> Manifest:

@@ -205,7 +205,7 @@ def since(start):
     wall, cpu = clock()
     return {"wall": wall - start[0], "cpu": cpu - start[1]}
 parts, t = {}, clock()
-from kernelcache.bundle.envkey import environment_key
+from kernelcache.format.envkey import environment_key
 environment_key()
 parts["key"] = since(t); t = clock()
 import triton
@@ -213,7 +213,7 @@ from triton.runtime.cache import triton_key
 parts["import triton"] = since(t); t = clock()
 triton_key()
 parts["triton_key()"] = since(t); t = clock()
-from kernelcache.bundle.fingerprint import key_env_vars, ptxas_version
+from kernelcache.format.fingerprint import key_env_vars, ptxas_version
 ptxas_version("sm_90"), key_env_vars()
 parts["ptxas, variables"] = since(t)
 print(json.dumps(parts))

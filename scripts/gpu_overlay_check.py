@@ -149,9 +149,9 @@ def verdict(report: dict, misses: list[dict]) -> str:
 def child(out: Path, fake: bool) -> int:
     """Runs under `kernelcache run --read-only`: launch, check, count hits and misses."""
     events: list[dict] = []
-    from kernelcache.exercise import listener
+    from kernelcache.hooks import kernelcache_listener
 
-    listener.install(None, also=events.append)
+    kernelcache_listener.install(None, also=events.append)
     if fake:
         from kernelcache.exercise import fake_target
 

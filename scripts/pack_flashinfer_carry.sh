@@ -24,9 +24,9 @@ mkdir -p "$OUT" "$WORK/site" "$WORK/wheels"
 import sys, time
 from pathlib import Path
 from kernelcache.version import __version__
-from kernelcache.bundle.fingerprint import local_environment
+from kernelcache.format.fingerprint import local_environment
 from kernelcache.bundle.make import make_bundle
-from kernelcache.bundle.manifest import Build, Target
+from kernelcache.format.manifest import Build, Target
 from kernelcache.exercise.flashinfer import build_sampling
 
 started = time.perf_counter()

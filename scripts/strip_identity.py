@@ -13,7 +13,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from kernelcache.bundle import archive
+from kernelcache.format import archive
 
 
 def main(source: Path, out: Path) -> None:

@@ -21,7 +21,7 @@ import pytest
 from helpers.common import ROOT, clean_env, kc
 
 import kernelcache
-from kernelcache.bundle import archive
+from kernelcache.format import archive
 from kernelcache.plan.tasks import Task
 
 pytest.importorskip("vllm")

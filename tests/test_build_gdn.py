@@ -24,7 +24,7 @@ import pytest
 from helpers.autotune import check_candidates_bundled, check_probe_hits
 from helpers.common import ROOT, clean_env, kc
 
-from kernelcache.bundle import archive
+from kernelcache.format import archive
 from kernelcache.plan.tasks import Task
 
 pytest.importorskip("vllm")

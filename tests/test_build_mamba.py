@@ -22,7 +22,7 @@ import pytest
 from helpers.autotune import check_candidates_bundled, check_probe_hits
 from helpers.common import ROOT, clean_env, kc
 
-from kernelcache.bundle import archive
+from kernelcache.format import archive
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers.common import ROOT, clean_env, kc
 
-from kernelcache.bundle import archive
+from kernelcache.format import archive
 from kernelcache.plan.tasks import Task
 
 pytest.importorskip("vllm")

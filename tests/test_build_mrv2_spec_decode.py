@@ -21,7 +21,7 @@ import pytest
 from helpers.common import ROOT, clean_env, kc
 
 import kernelcache
-from kernelcache.bundle import archive
+from kernelcache.format import archive
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

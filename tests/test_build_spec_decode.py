@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers.common import ROOT, clean_env, kc
 
-from kernelcache.bundle import archive
+from kernelcache.format import archive
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers.common import ROOT, clean_env, kc
 
-from kernelcache.bundle import archive
+from kernelcache.format import archive
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -160,7 +160,7 @@ def test_missing_path_is_named(tmp_path):
 
 def test_verify_without_file_takes_every_helper_module_from_the_bundle(small, tmp_path):
     """Without file(1), Triton 3.6 keys every launcher and cuda_utils differently from the build (platform_key()):
-    each is taken from the bundle (runtime/site/kernelcache_prebuilt.py), none built with gcc. (Under Triton 3.8
+    each is taken from the bundle (hooks/kernelcache_prebuilt.py), none built with gcc. (Under Triton 3.8
     only cuda_utils is a module, and its key differs anyway: the same holds.)"""
     from test_prebuilt_helpers import no_file_path
 

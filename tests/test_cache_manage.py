@@ -25,9 +25,9 @@ from helpers.mounts import read_only
 from test_crash_safety import fork_run
 
 import kernelcache
-from kernelcache.bundle import archive
 from kernelcache.cachedir import STATE_DIR, CacheDir, recover
 from kernelcache.errors import NotInstalled, StorageError
+from kernelcache.format import archive
 from kernelcache.install import InstallPlan, entry_dirs
 from kernelcache.manage import rm
 
@@ -208,9 +208,9 @@ def fi_bundle(out: Path, *modules: tuple[str, str]) -> Path:
     """A bundle of FlashInfer modules (name, provider dir) whose .so files are stand-in bytes: installing and
     removing never loads them."""
     from kernelcache import __version__
-    from kernelcache.bundle.fingerprint import local_environment
     from kernelcache.bundle.make import make_bundle
-    from kernelcache.bundle.manifest import Build, FlashInferModule, Member, Target
+    from kernelcache.format.fingerprint import local_environment
+    from kernelcache.format.manifest import Build, FlashInferModule, Member, Target
 
     pairs = tuple((FlashInferModule(name, "0.0.0", "13.0", ("sm90a",), None, ()),
                    [Member(f"flashinfer/{folder}/{name}/{name}.so", data=f"{folder} {name}".encode())])

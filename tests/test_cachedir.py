@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelcache.bundle.manifest import Build, Environment, Manifest, Target
 from kernelcache.cachedir import STATE_DIR, CacheDir, Journal, Receipt, complete_entry, publish_entries, recover
+from kernelcache.format.manifest import Build, Environment, Manifest, Target
 
 pytestmark = pytest.mark.fast
 KEYS = ("A" * 52, "B" * 52, "C" * 52)

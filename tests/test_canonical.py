@@ -1,4 +1,4 @@
-"""The fast canonical form (bundle/canonical.py) is byte for byte the standard library's, so digests never move."""
+"""The fast canonical form (format/canonical.py) is byte for byte the standard library's, so digests never move."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from kernelcache.bundle import archive, canonical
-from kernelcache.bundle.manifest import (
+from kernelcache.errors import BundleManifestError
+from kernelcache.format import archive, canonical
+from kernelcache.format.manifest import (
     Build,
     DeviceKeys,
     DeviceTable,
@@ -30,13 +31,12 @@ from kernelcache.bundle.manifest import (
     Tuning,
     _plain,
 )
-from kernelcache.errors import BundleManifestError
 
 SHA = "0123456789abcdef" * 4
 
 
 def old_data(manifest: Manifest) -> dict:
-    """What ``Manifest.to_dict`` gave before bundle/canonical.py: asdict, then _plain."""
+    """What ``Manifest.to_dict`` gave before format/canonical.py: asdict, then _plain."""
     data = _plain(dataclasses.asdict(manifest))
     if manifest.triton_identity is None:
         del data["triton_identity"]
@@ -53,7 +53,7 @@ def old_data(manifest: Manifest) -> dict:
 
 
 def old_canonical(manifest: Manifest) -> bytes:
-    """The canonical form as the digest was defined before bundle/canonical.py."""
+    """The canonical form as the digest was defined before format/canonical.py."""
     return (json.dumps(old_data(manifest), indent=1, allow_nan=False) + "\n").encode()
 
 

@@ -6,7 +6,7 @@ import sys
 
 from helpers.common import kc, run_job
 
-from kernelcache.bundle import archive
+from kernelcache.format import archive
 
 SCRIPT = """
 import os, sys

@@ -9,9 +9,9 @@ import sys
 from helpers.bundles import rewrite
 from helpers.common import clean_env, kc, run_job
 
-from kernelcache.bundle.fingerprint import compare_gpu
-from kernelcache.bundle.manifest import Target
 from kernelcache.errors import ArchMismatch, BundleFormatError, FingerprintMismatch, UsageError
+from kernelcache.format.fingerprint import compare_gpu
+from kernelcache.format.manifest import Target
 from kernelcache.plan.gpus import VisibleGpu
 
 BLOCK_HEAVY_IMPORTS = """

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from helpers.common import clean_env, kc
 
-from kernelcache.bundle import archive
 from kernelcache.errors import (
     BaseUnusable,
     KeyFileError,
@@ -28,6 +27,7 @@ from kernelcache.errors import (
     StorageError,
     UsageError,
 )
+from kernelcache.format import archive
 
 USAGE, MANIFEST, STORAGE, BASE, REMOTE = (UsageError.exit_code, RecipeError.exit_code, StorageError.exit_code,
                                           BaseUnusable.exit_code, RemoteError.exit_code)

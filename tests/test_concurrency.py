@@ -18,8 +18,8 @@ from helpers.bundles import split
 from helpers.cachecheck import bundle_state, expected_bytes, leftovers
 from helpers.common import ROOT, clean_env
 
-from kernelcache.bundle import archive
 from kernelcache.cachedir import STATE_DIR, CacheDir
+from kernelcache.format import archive
 from kernelcache.install import InstallPlan
 
 PROCS = Path(__file__).parent / "helpers" / "procs.py"

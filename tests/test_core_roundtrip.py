@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from helpers.common import kc, run_job, tree
 
-from kernelcache.bundle import archive
 from kernelcache.cachedir import STATE_DIR
+from kernelcache.format import archive
 
 
 @pytest.mark.parametrize("capability", [90, 100])

@@ -34,8 +34,8 @@ from pathlib import Path
 import pytest
 from helpers.cachecheck import bundle_state, expected_bytes, has_receipt, leftovers
 
-from kernelcache.bundle import archive
 from kernelcache.cachedir import CacheDir, recover
+from kernelcache.format import archive
 from kernelcache.install import InstallPlan
 
 FS_EVENTS = {"open", "os.mkdir", "os.rename", "os.remove", "os.rmdir", "shutil.rmtree", "os.scandir", "os.listdir",

@@ -17,7 +17,7 @@ import pytest
 from helpers.common import entry_point, kc
 
 from kernelcache.cachedir.flashinfer_site import Provider, site_files
-from kernelcache.runtime.site import kernelcache_outputs, kernelcache_tritonkey
+from kernelcache.hooks import kernelcache_outputs, kernelcache_tritonkey
 
 PROBE = r"""
 import os, shutil, sys, tempfile

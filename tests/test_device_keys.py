@@ -20,7 +20,7 @@ import pytest
 from helpers.common import ROOT, clean_env, kc
 from helpers.fakegpu import build_stub, env_for
 
-from kernelcache.bundle import archive
+from kernelcache.format import archive
 from kernelcache.plan.gpus import PROFILES, VisibleGpu
 
 pytest.importorskip("vllm")

@@ -8,9 +8,9 @@ import pytest
 from helpers.bundles import pack, pack_without, rewrite, tamper
 from helpers.common import kc, run_job, tree
 
-from kernelcache.bundle import archive
 from kernelcache.bundle.compare import diff, fingerprint, merge
 from kernelcache.errors import MergeConflict, UsageError
+from kernelcache.format import archive
 
 FIRST = {"add_kernel", "scale_kernel"}
 SECOND = {"row_max_kernel", "gumbel_argmax_kernel"}

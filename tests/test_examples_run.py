@@ -54,8 +54,8 @@ from helpers.wheel import release, uv
 from test_examples import DEPLOYMENT, DOCKERFILE, READONLY, WORKFLOW, dockerfile_instructions, stages
 from test_serving_stack import serving_venv
 
-from kernelcache.bundle.archive import read_manifest
 from kernelcache.cachedir import STATE_DIR
+from kernelcache.format.archive import read_manifest
 from kernelcache.plan.gpus import PROFILES
 
 pytestmark = [pytest.mark.serving, pytest.mark.slow, pytest.mark.timeout(3600)]

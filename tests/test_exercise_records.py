@@ -271,7 +271,7 @@ def test_two_products_of_one_build_run_their_shared_unit_once(tmp_path):
 
 
 def member_digests(bundle: Path) -> dict[str, str]:
-    from kernelcache.bundle.archive import iter_members
+    from kernelcache.format.archive import iter_members
 
     return {name: hashlib.sha256(data).hexdigest()[:16] for _, name, data in iter_members(bundle)}
 

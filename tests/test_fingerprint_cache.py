@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from helpers.common import ROOT, SERVED, clean_env, kc
 
-from kernelcache.bundle.envkey import EnvironmentKey, KnownEnvironment, environment_key
-from kernelcache.bundle.envscan import key_candidates
-from kernelcache.bundle.fingerprint import package_version
-from kernelcache.bundle.manifest import Environment
 from kernelcache.errors import FingerprintMismatch
+from kernelcache.format.envkey import EnvironmentKey, KnownEnvironment, environment_key
+from kernelcache.format.envscan import key_candidates
+from kernelcache.format.fingerprint import package_version
+from kernelcache.format.manifest import Environment
 
 # The CLI in a process where importing triton or torch fails loudly (the record must make both needless).
 # Finding them (importlib.util.find_spec, as the key does) still works: only loading is refused.
@@ -227,6 +227,6 @@ def test_triton_replaced_in_a_venv_is_fingerprinted_again(bundle90, tmp_path):
 def test_the_installers_version_lookup_is_importlib_metadatas(name):
     """An install reads versions with envscan.distribution_version (the identity record's fingerprint, tvm-ffi,
     FlashInfer's site): what importlib.metadata.version says, without its 15 ms of imports."""
-    from kernelcache.bundle.envscan import distribution_version
+    from kernelcache.format.envscan import distribution_version
 
     assert distribution_version(name) == package_version(name)

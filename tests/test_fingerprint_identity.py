@@ -22,9 +22,9 @@ from helpers.bundles import with_identity
 from helpers.common import ROOT, SERVED, clean_env, kc
 from test_fingerprint_cache import blocked, records
 
-from kernelcache.bundle import archive
-from kernelcache.bundle.envkey import KnownEnvironment
 from kernelcache.errors import FingerprintMismatch
+from kernelcache.format import archive
+from kernelcache.format.envkey import KnownEnvironment
 
 pytestmark = pytest.mark.fast
 
@@ -33,10 +33,10 @@ pytestmark = pytest.mark.fast
 BOTH = r"""
 import json, sys
 from dataclasses import asdict
-from kernelcache.bundle import archive
-from kernelcache.bundle.envscan import package_dir
-from kernelcache.bundle.fingerprint import local_environment, package_version
-from kernelcache.bundle.identity import environment_from
+from kernelcache.format import archive
+from kernelcache.format.envscan import package_dir
+from kernelcache.format.fingerprint import local_environment, package_version
+from kernelcache.format.identity import environment_from
 manifest = archive.read_manifest(sys.argv[1])
 fast = environment_from(manifest.triton_identity, manifest.environment, ["sm_90"], package_dir("triton"),
                         package_version)

@@ -13,9 +13,9 @@ import pytest
 from helpers.common import kc
 
 from kernelcache.bundle import target_env
-from kernelcache.bundle.fingerprint import local_environment, python_tag
-from kernelcache.bundle.manifest import Target
 from kernelcache.exercise import flashinfer
+from kernelcache.format.fingerprint import local_environment, python_tag
+from kernelcache.format.manifest import Target
 from kernelcache.plan.gpus import PROFILES
 
 vllm_installed = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,

@@ -19,8 +19,6 @@ import pytest
 from helpers.common import clean_env, kc
 from helpers.flashinfer import flashinfer_bundle, probe, require_flashinfer
 
-from kernelcache.bundle.fingerprint import compare_flashinfer, package_version
-from kernelcache.bundle.manifest import Build, Environment, FlashInferModule, Manifest, Target
 from kernelcache.errors import (
     BuildFailed,
     FingerprintMismatch,
@@ -35,6 +33,8 @@ from kernelcache.exercise.flashinfer import (
     find_toolchain,
     harvest_sampling,
 )
+from kernelcache.format.fingerprint import compare_flashinfer, package_version
+from kernelcache.format.manifest import Build, Environment, FlashInferModule, Manifest, Target
 
 pytestmark = pytest.mark.flashinfer
 NO_GPU = {"KERNELCACHE_NO_GPU_PROBE": "1"}
@@ -270,7 +270,7 @@ def test_other_flashinfer_version_is_refused_at_install_and_at_env(sampling90, t
 def test_flashinfer_only_bundle_ignores_the_triton_fingerprint(sampling90, tmp_path):
     module, members, _ = sampling90
     bundle = flashinfer_bundle(tmp_path / "fi.tar.zst", module, members)
-    from kernelcache.bundle import archive
+    from kernelcache.format import archive
 
     manifest = archive.read_manifest(bundle)
     moved = dataclasses.replace(manifest, environment=dataclasses.replace(

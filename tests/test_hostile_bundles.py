@@ -21,10 +21,10 @@ from helpers.common import kc, tree
 from helpers.hostile import CASES, Base, Case, flips, load_base, regular
 from helpers.hostile import bundle as hostile_bundle
 
-from kernelcache.bundle import archive
 from kernelcache.cachedir import STATE_DIR
 from kernelcache.cli import main
 from kernelcache.errors import BundleError, FingerprintMismatch, IntegrityError
+from kernelcache.format import archive
 
 BUNDLE_CODES = {cls.exit_code for cls in BundleError.__subclasses__()}
 FOREIGN = "F" * 52  # an entry Triton wrote before the install; it must survive untouched

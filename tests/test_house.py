@@ -109,6 +109,69 @@ def test_stages_import_the_ground_floor_and_lower_stages_only():
     assert not upward, "\n".join(upward)
 
 
+# -- one address per module -------------------------------------------------------------------------------------
+
+
+def statements(path: Path) -> list[ast.stmt]:
+    """A module's top-level statements past its docstring."""
+    body = ast.parse(path.read_text()).body
+    return body[1:] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else body
+
+
+def hands_on(node: ast.stmt) -> bool:
+    """An import, ``__all__ = ...``, or an entry written into ``sys.modules``: what an alias module is made of."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return True
+    targets = node.targets if isinstance(node, ast.Assign) else []
+    return bool(targets) and all(isinstance(t, ast.Subscript) or ast.unparse(t) == "__all__" for t in targets)
+
+
+def from_elsewhere(node: ast.stmt) -> bool:
+    """An import of something outside the importing package (``from ..x import``, ``import kernelcache.x``)."""
+    return isinstance(node, ast.Import) or (isinstance(node, ast.ImportFrom) and node.level != 1)
+
+
+def second_address(path: Path) -> str:
+    """Why ``path`` is another module's second address ("" when it is not): its statements only hand on what it
+    imports (a package's ``__init__.py`` may hand on its own modules' names), or it enters a kernelcache module
+    into ``sys.modules`` under another name (a fake of vLLM's or torch's modules is no alias)."""
+    body = statements(path)
+    if body and all(hands_on(n) for n in body) and (path.name != "__init__.py" or any(map(from_elsewhere, body))):
+        return "only hands on what it imports"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Assign):
+            entries = [ast.unparse(t) for t in node.targets if isinstance(t, ast.Subscript)]
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) == "sys.modules.setdefault":
+            entries = [ast.unparse(node)]
+        else:
+            entries = []
+        aliased = [e for e in entries if e.startswith("sys.modules") and ("__name__" in e or "kernelcache." in e)]
+        if aliased:
+            return f"enters a module under another name: {aliased[0]}"
+    return ""
+
+
+def test_every_module_has_one_address():
+    """No alias modules: a module lives at one place and every import names that place (pip's rule: internal paths
+    promise nothing, so nothing keeps old ones alive). The bundle format's member paths are not module paths."""
+    found = [f"{p.relative_to(ROOT)}: {why}" for p in sorted((ROOT / "kernelcache").rglob("*.py"))
+             if (why := second_address(p))]
+    assert not found, "\n".join(found)
+
+
+def test_an_alias_module_would_be_found(tmp_path):
+    """The check above sees the shapes the old aliases had: a re-export, a ``sys.modules`` entry under an old name."""
+    shapes = {"reexport.py": '"""Old name."""\nfrom ..format.cachekey import base32_key\n__all__ = ["base32_key"]\n',
+              "swap.py": "import sys\nfrom ..format import archive\nsys.modules[__name__] = archive\n",
+              "keep.py": "import sys\ndef keep(name):\n"
+                         "    sys.modules.setdefault('kernelcache.bundle.' + name, sys.modules[name])\n"}
+    for name, text in shapes.items():
+        (tmp_path / name).write_text(text)
+        assert second_address(tmp_path / name), name
+    (tmp_path / "__init__.py").write_text('"""A face."""\n\nfrom .layout import CacheDir\n\n__all__ = ["CacheDir"]\n')
+    assert not second_address(tmp_path / "__init__.py")
+
+
 SITE = ROOT / "kernelcache" / "hooks"
 
 

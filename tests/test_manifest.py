@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from kernelcache.bundle.manifest import (
+from kernelcache.errors import BundleManifestError
+from kernelcache.format.manifest import (
     Build,
     Environment,
     FileRecord,
@@ -20,7 +21,6 @@ from kernelcache.bundle.manifest import (
     walks_member,
     walks_path,
 )
-from kernelcache.errors import BundleManifestError
 
 pytestmark = pytest.mark.fast
 

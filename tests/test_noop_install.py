@@ -24,8 +24,8 @@ from kernelcache.errors import FingerprintMismatch
 
 # What the record's path must not import (the installer's modules and click), and what it must not need. The full
 # path is the installer's, still without click (entry.py runs a plain install itself; click only says an error).
-WATCHED = ("kernelcache.install", "kernelcache.bundle.manifest", "zstandard", "click", "triton", "torch")
-FULL = ["kernelcache.install", "kernelcache.bundle.manifest", "zstandard"]
+WATCHED = ("kernelcache.install", "kernelcache.format.manifest", "zstandard", "click", "triton", "torch")
+FULL = ["kernelcache.install", "kernelcache.format.manifest", "zstandard"]
 
 
 def cli(*args: str, **env: str) -> tuple[dict, subprocess.CompletedProcess]:

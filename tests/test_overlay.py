@@ -217,7 +217,7 @@ def test_build_from_misses_puts_the_missed_keys_in_the_next_bundle(ro_base, tmp_
               "--max-num-seqs", "4", "--mode", "cross", "-o", str(out), "--from-misses", env["KERNELCACHE_MISS_LOG"],
               "--json", check=True)
     bundle = Path(json.loads(done.stdout)[0]["bundles"][0]["path"])
-    from kernelcache.bundle import archive
+    from kernelcache.format import archive
 
     keys = {k.key for k in archive.read_manifest(bundle).kernels}
     assert missed <= keys and any(k.name == "_gumbel_sample_kernel" for k in archive.read_manifest(bundle).kernels)

@@ -3,7 +3,7 @@
 Triton 3.6 keys ``cuda_utils`` and each ``__triton_launcher`` by ``sha256(source + platform_key())``, and
 ``platform_key()`` holds what file(1) says of the interpreter: a bundle built where ``file`` is installed missed
 every one of them on an image without it, and Triton built them again with gcc. From 3.7 ``cuda_utils``'s key holds
-the install paths, so it missed everywhere. ``runtime/site/kernelcache_prebuilt.py`` answers Triton's build step
+the install paths, so it missed everywhere. ``hooks/kernelcache_prebuilt.py`` answers Triton's build step
 with the bundle's module built from the same source. These tests run Triton's own ``CudaUtils()`` in processes
 whose C compiler is ``/bin/false``: any real build fails, so a loaded module was taken from the cache.
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from helpers.common import clean_env, kc
 
-from kernelcache.bundle import archive
-from kernelcache.runtime.site import kernelcache_prebuilt as kp
+from kernelcache.format import archive
+from kernelcache.hooks import kernelcache_prebuilt as kp
 
 # Triton's driver start: its cuda_utils module, built (or found) against a stub libcuda.so.1 in argv[1].
 PROBE = r"""
@@ -167,3 +167,31 @@ def test_the_build_step_copies_only_without_a_build_impl_of_the_users(tmp_path, 
         assert calls == [] and result == str(out / f"cuda_utils{kp.suffix()}") and kp.served_by_cache(result)
         assert Path(result).read_bytes() == b"module built from int x;\n"
     assert build._build.__wrapped__.__name__ == "<lambda>"
+
+
+# A gcc build of a helper module through Triton's own build step, counted by kernelcache's listener.
+COUNTED = r"""
+import json, sys
+from pathlib import Path
+from triton.runtime import build
+from kernelcache.format.compilelog import read
+from kernelcache.hooks import kernelcache_listener
+
+work, seen = Path(sys.argv[1]), []
+kernelcache_listener.count_builds(str(work / "log.jsonl"), also=seen.append)
+(work / "probe.c").write_text("int kernelcache_probe(void) { return 7; }\n")
+so = build._build("kc_probe", str(work / "probe.c"), str(work), [], [], [], [])
+print(json.dumps({"seen": seen, "logged": read(str(work / "log.jsonl")), "built": Path(so).is_file()}))
+"""
+
+
+def test_count_builds_hands_each_gcc_build_to_the_callback_and_the_log(tmp_path):
+    """Scripts count Triton's gcc builds with ``count_builds(also=...)``, never by replacing Triton's ``_build``."""
+    done = subprocess.run([sys.executable, "-c", COUNTED, str(tmp_path)], capture_output=True, text=True,
+                          timeout=600, env=clean_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["built"]
+    (record,) = found["seen"]
+    assert (record["event"], record["name"]) == ("gcc", "kc_probe") and record["seconds"] > 0
+    assert found["logged"] == found["seen"]

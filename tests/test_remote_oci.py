@@ -13,8 +13,8 @@ from helpers.bundles import pack, rewrite
 from helpers.common import clean_env, kc, run_job, tree
 from helpers.servers import free_port, htpasswd_line, registry
 
-from kernelcache.bundle import archive
 from kernelcache.errors import ArchMismatch, FingerprintMismatch, IntegrityError, RemoteError, StorageError, UsageError
+from kernelcache.format import archive
 from kernelcache.remote import oci
 
 pytestmark = pytest.mark.oci

@@ -12,8 +12,8 @@ from helpers.common import kc, run_job, tree
 from helpers.servers import http_server
 
 import kernelcache
-from kernelcache.bundle import archive
 from kernelcache.errors import IntegrityError, MissingDependency, RemoteError, StorageError, UsageError
+from kernelcache.format import archive
 
 
 @pytest.fixture()

@@ -22,10 +22,10 @@ from helpers.cachecheck import bundle_state, expected_bytes, leftovers
 from helpers.common import ROOT, clean_env, kc, tree
 from helpers.mounts import read_only, resize, tmpfs, without_dac
 
-from kernelcache.bundle import archive
 from kernelcache.cachedir import STATE_DIR
 from kernelcache.cli import main
 from kernelcache.errors import ReadOnlyCache, StorageError
+from kernelcache.format import archive
 from kernelcache.install import entry_dirs
 
 FOREIGN = "F" * 52

@@ -212,7 +212,7 @@ def test_a_missing_command_is_said_as_before(served):
 
 
 def test_the_stamped_flashinfer_dir_is_where_bundles_put_modules():
-    from kernelcache.bundle.manifest import FLASHINFER_ROOT
     from kernelcache.cachedir.layout import FLASHINFER_MODULES_DIR
+    from kernelcache.format.manifest import FLASHINFER_ROOT
 
     assert FLASHINFER_MODULES_DIR == FLASHINFER_ROOT

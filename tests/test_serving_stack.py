@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from helpers.common import SERVED, clean_env, kc
 
-from kernelcache.bundle.fingerprint import package_version
+from kernelcache.format.fingerprint import package_version
 
 # A serving build of one vocab takes 5-11 min on 2 busy cores; pyproject.toml's 900 s per test is too short.
 pytestmark = [pytest.mark.serving, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -168,7 +168,7 @@ def server_suffix(server: Venv) -> str:
 
 def test_builder_passes_the_serving_fingerprint_check(builder, server_fingerprint):
     """What `build --target-env` runs before compiling, in the builder venv, for the install venv's file."""
-    code = ("import sys; from kernelcache.bundle import target_env as t; from kernelcache.bundle.manifest import "
+    code = ("import sys; from kernelcache.bundle import target_env as t; from kernelcache.format.manifest import "
             "Target; t.check(t.planned_manifest(Target('cuda', 'sm_90', 32, gpu='h200', sm_count=132), True), "
             "True, t.load(sys.argv[1]), sys.argv[1]); print('accepted')")
     done = subprocess.run([str(builder.root / "bin" / "python"), "-c", code, str(server_fingerprint)],

@@ -22,7 +22,6 @@ from helpers.common import clean_env, entry_point, kc, tree
 from helpers.keys import write_pair
 from helpers.servers import http_server, registry
 
-from kernelcache.bundle import archive
 from kernelcache.bundle.signature import SignatureFile, file_sha256, signature_info
 from kernelcache.bundle.trust import pem_fingerprint
 from kernelcache.errors import (
@@ -32,6 +31,7 @@ from kernelcache.errors import (
     UntrustedSignature,
     UsageError,
 )
+from kernelcache.format import archive
 
 pytest.importorskip("cryptography")
 NO_PROBE = {"KERNELCACHE_NO_GPU_PROBE": "1"}

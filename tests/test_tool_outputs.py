@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from helpers.common import clean_env, kc
 
-from kernelcache.runtime.site import kernelcache_outputs as ko
+from kernelcache.hooks import kernelcache_outputs as ko
 
 
 def tool(folder: Path, text: str, name: str = "ptxas") -> Path:

@@ -2,7 +2,7 @@
 
 ``triton_key()`` hashes libtriton.so (about 400 MB) on the first compile or cache lookup of every process.
 The install that computed it keeps it in ``<cache>/.kernelcache/triton-keys/``; ``env`` / ``run`` /
-``activate()`` point served processes at it (runtime/site/kernelcache_tritonkey.py). These tests show the
+``activate()`` point served processes at it (hooks/kernelcache_tritonkey.py). These tests show the
 kept value equals Triton's own, that libtriton.so is then not read at all, and that any change to a file
 the key is computed from (or a record of another Triton) falls back to Triton's computation.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers.common import ROOT, SERVED, clean_env, kc
 
-from kernelcache.runtime.site import kernelcache_tritonkey as tk
+from kernelcache.hooks import kernelcache_tritonkey as tk
 
 SITE = ROOT / "kernelcache" / "hooks"
 

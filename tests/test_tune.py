@@ -25,8 +25,8 @@ import pytest
 from helpers.common import ROOT, clean_env, kc
 from helpers.fakegpu import build_stub, env_for
 
-from kernelcache.bundle import archive
-from kernelcache.bundle.manifest import FileRecord, Manifest, Tuning
+from kernelcache.format import archive
+from kernelcache.format.manifest import FileRecord, Manifest, Tuning
 from kernelcache.plan.gpus import PROFILES
 from kernelcache.runtime.overlay import SITE_DIR
 from kernelcache.tune import harvest_choices, with_choices

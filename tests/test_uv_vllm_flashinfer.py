@@ -19,8 +19,8 @@ from helpers.common import ROOT, clean_env
 from helpers.wheel import uv
 from test_serving_stack import serving_venv
 
-from kernelcache.bundle.archive import read_manifest
 from kernelcache.errors import PackageClash
+from kernelcache.format.archive import read_manifest
 
 pytestmark = [pytest.mark.serving, pytest.mark.slow, pytest.mark.timeout(3600)]
 FIX = re.compile(r"uv pip install --reinstall-package cuda-bindings (cuda-bindings==\S+)")

@@ -10,7 +10,7 @@ import json
 
 from helpers.common import kc
 
-from kernelcache.bundle import archive
+from kernelcache.format import archive
 
 RECIPE = "vllm-sampler"  # the shipped default recipe, by name
 NOTHING = ("--recipe", RECIPE, "--gpu", "h200", "--path", "registry", "--path", "mrv1", "--dtype", "bfloat16")

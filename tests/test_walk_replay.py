@@ -20,7 +20,7 @@ import pytest
 from helpers import stacks
 from helpers.common import ROOT
 
-from kernelcache.runtime.site import kernelcache_walks as kw
+from kernelcache.hooks import kernelcache_walks as kw
 
 # Computes cache_key for the named functions in order (after an optional change) and prints, per function, its key and
 # its used_global_vals: name, the module whose dict holds it, whether that is the live module dict, the value.

@@ -19,7 +19,7 @@ import pytest
 from helpers.common import clean_env
 from helpers.wheel import release, site_packages, uv
 
-from kernelcache.bundle.archive import read_manifest
+from kernelcache.format.archive import read_manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 SMALL = ("--arch", "sm_90", "--gpu", "h200", "--path", "registry", "--mode", "cross")

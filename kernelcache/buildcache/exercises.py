@@ -14,7 +14,7 @@ The key (``unit_key``) is the digest of what decides those outputs:
 * the unit as the exercise process gets it: its tasks and their arguments, the target's capability, SM count and
   mode, the setup task, the exercise variables (paths of the build's scratch dir left out; the C compiler by its
   path and ``--version``), each task module by its file and sha256;
-* the GPU product only for a unit with a path vLLM configures by device name (``DEVICE_NAME_PATHS``): a unit
+* the GPU product only for a unit with a path vLLM configures by device name (``Family.keys_follow_device``): a unit
   without one is shared by every product of the arch and SM count. A build whose other unit reads a device
   table fails (build.py ``device_keys_of``), and a record whose log holds a device-table lookup is never kept;
 * the stack (``stack_inputs``): the digests of the Python sources of kernelcache, vLLM, torch, Triton and
@@ -51,8 +51,8 @@ from ..exercise.device_tables import PROFILES_ENV
 from ..exercise.worker import Job
 from ..format.cachekey import KEY_PATTERN
 from ..format.compilelog import read as read_log
-from ..plan.families.flashinfer_attention import EXERCISE as FLASHINFER_ATTENTION
-from ..plan.tasks import DEVICE_NAME_MODULES
+from ..plan import families
+from ..plan.tasks import device_name_modules
 from . import RecordCounts
 from .entry import CorruptEntry, pack, unpack
 
@@ -100,13 +100,15 @@ class UnitUse:
 
 def product_bound(job: Job) -> bool:
     """Whether a unit runs a path vLLM configures by device name (its outputs then depend on the product)."""
-    return any(task.call.split(":")[0] in DEVICE_NAME_MODULES.values() for task in job.tasks)
+    return any(task.call.split(":")[0] in device_name_modules().values() for task in job.tasks)
 
 
 def outside_cache(job: Job) -> bool:
-    """Whether the unit leaves outputs outside its Triton cache dir: the flashinfer_attention task builds FlashInfer
-    modules in FlashInfer's workspace, which no record holds, so such a unit always runs (and is never recorded)."""
-    return any(t.call.startswith(f"{FLASHINFER_ATTENTION}:") for t in job.tasks)
+    """Whether the unit leaves outputs outside its Triton cache dir: a task of a family whose tasks build FlashInfer
+    modules (flashinfer_attention's) leaves them in FlashInfer's workspace, which no record holds, so such a unit
+    always runs (and is never recorded)."""
+    calls = {families.get(path).exercise for path in families.flashinfer("tasks")}
+    return any(t.call in calls for t in job.tasks)
 
 
 def unit_key(job: Job, stack: dict) -> str:

@@ -23,7 +23,8 @@ own state under ``<cache>/.kernelcache/``:
 the standard library alone), and holds the one table of the names above. ``state.py`` owns ``CacheDir``, the value
 a verb resolves its cache dir into once (``CacheDir.at``) and hands down, with the paths, the lock and the receipts
 (parsed in one place: a receipt that is not JSON, lacks its digest, or whose manifest does not parse is *bad*;
-lookups ignore it and an install replaces it, a read-only base refuses it). ``publish.py`` owns journals, publishing and recovery.
+lookups ignore it and an install replaces it, a read-only base refuses it). ``publish.py`` owns journals,
+publishing and recovery.
 """
 
 from importlib import import_module

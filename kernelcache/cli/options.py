@@ -99,10 +99,7 @@ PLAN_OVERRIDES = (
                                                         "fp8_e4m3, fp8_e5m2 (the attention path: auto only)."),
     click.option("--block-size", type=int, default=None, help="vLLM --block-size: tokens per KV-cache block "
                                                               "(runner, attention) [default: 16]."),
-    click.option("--gdn-prefill-backend", default=None,
-                 help="vLLM --gdn-prefill-backend (gdn): auto (vLLM's choice: FlashInfer's CUDA module on "
-                      "Hopper), triton (the FLA Triton kernels), flashinfer."),
-)
+)  # then each family's own vLLM flags (plan_options: ``Family.flags``, from the registry)
 # How the exercise processes run.
 EXERCISE_OPTIONS = (
     click.option("--mode", type=click.Choice(["auto", "cross", "native"]), default="auto", show_default=True,
@@ -115,7 +112,11 @@ EXERCISE_OPTIONS = (
 
 def plan_options(recipe_help: str):
     """The options ``build`` and ``verify`` share: a recipe, the flags that override its plan (handed on as
-    one ``PlanOverrides``, the ``overrides`` argument), and how the exercise processes run."""
+    one ``PlanOverrides``, the ``overrides`` argument), and how the exercise processes run. The families' own
+    vLLM flags (``Family.flags``, from the registry plan/families/) follow the engine's."""
+    from ..plan import families
+
+    flags = tuple(click.option(flag.vllm, flag.name, default=None, help=flag.help) for flag in families.flags())
     recipe = click.option("--recipe", "--manifest", "recipe", type=click.Path(dir_okay=False), default=None,
                           metavar="NAME|FILE", help=recipe_help + " (--manifest: its old name)")
 
@@ -126,10 +127,11 @@ def plan_options(recipe_help: str):
 
             names = [field.name for field in dataclasses.fields(PlanOverrides)
                      if field.name in kwargs and field.name != "serve"]  # serve: build's argument, after --
-            overrides = PlanOverrides(**{name: kwargs.pop(name) for name in names})
+            names += [flag.name for flag in families.flags() if flag.name not in names]
+            overrides = PlanOverrides.of(**{name: kwargs.pop(name) for name in names})
             return func(*args, overrides=overrides, **kwargs)
 
-        for option in reversed((recipe, *PLAN_OVERRIDES, *EXERCISE_OPTIONS)):
+        for option in reversed((recipe, *PLAN_OVERRIDES, *flags, *EXERCISE_OPTIONS)):
             command = option(command)
         return command
 

@@ -4,7 +4,7 @@ Triton's ``Autotuner`` (triton/runtime/autotuner.py) times a candidate config in
 through the benchmarker) and, with its disk cache on, looks a tuning key up in ``check_disk_cache``: True when
 ``<key dir>/<kernel>.autotune.json`` answered (nothing timed), False when it timed the candidates and wrote the
 file. ``install`` wraps both at class level and appends one JSON line per event to the compile log
-(exercise/listener.py's format): ``{"event": "autotune_bench", "kernel", "config"}`` per candidate timed and
+(hooks/kernelcache_listener.py's format): ``{"event": "autotune_bench", "kernel", "config"}`` per candidate timed and
 ``{"event": "autotune", "kernel", "dir", "file", "hit", "key"}`` per lookup. ``tune`` takes its choices from the
 lookups, and the GPU proofs count benchmark runs from the first.
 """

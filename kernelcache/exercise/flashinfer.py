@@ -142,8 +142,9 @@ def installed_toolkit() -> Toolchain | None:
 def setup_toolchain(base: Path | None = None, say: Callable[[str], None] | None = None) -> Toolchain:
     """Install the pinned pip CUDA wheels into a directory of their own, plus the two link shims.
 
-    A separate ``pip --target`` dir never touches the user's environment (a CUDA torch depends on
-    some of the same wheels). pip's cache keeps reruns fast. Published with one rename; idempotent.
+    A separate ``pip --target`` dir (uv's, where this interpreter has no pip: ``installer``) never touches the
+    user's environment (a CUDA torch depends on some of the same wheels). pip's cache keeps reruns fast.
+    Published with one rename; idempotent.
     ``say`` gets pip's progress lines (what it collects and downloads).
     """
     final = toolchain_path(base)
@@ -155,7 +156,7 @@ def setup_toolchain(base: Path | None = None, say: Callable[[str], None] | None 
     except OSError as exc:
         raise ToolchainUnavailable(f"cannot create the CUDA toolchain dir {final}: {exc.strerror or exc}") from None
     try:
-        _pip_install(staging, say or (lambda line: None))
+        _install_wheels(staging, say or (lambda line: None))
         _add_link_shims(staging / "nvidia" / "cu13")
         (staging / _MARKER).write_text(json.dumps({"wheels": list(CUDA_WHEELS)}, indent=1))
         if final.exists():
@@ -168,25 +169,44 @@ def setup_toolchain(base: Path | None = None, say: Callable[[str], None] | None 
     return find_toolchain(base)
 
 
-_PIP_PROGRESS = ("Collecting", "Downloading", "Using cached", "Processing", "Installing", "Successfully")
+# The progress lines passed on: pip's, and uv's (Resolved / Prepared / Installed, then one "+ name==version" a wheel).
+_PROGRESS = ("Collecting", "Downloading", "Using cached", "Processing", "Installing", "Successfully", "Resolved",
+             "Prepared", "Installed", "+ ")
 
 
-def _pip_install(target: Path, say: Callable[[str], None]) -> None:
-    """pip-install ``CUDA_WHEELS`` into ``target``, passing its progress lines to ``say``."""
-    command = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off",
-               "--no-deps", "--only-binary=:all:", "--target", str(target), *CUDA_WHEELS]
+def _install_wheels(target: Path, say: Callable[[str], None], wheels: tuple[str, ...] = CUDA_WHEELS) -> None:
+    """Install ``wheels`` into ``target`` (no dependencies, binaries only), passing the progress lines to ``say``."""
+    command = [*installer(), "--no-deps", "--only-binary", ":all:", "--target", str(target), *wheels]
     lines: list[str] = []
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as pip:
         for line in pip.stdout or ():
             lines.append(line.rstrip())
-            if line.strip().startswith(_PIP_PROGRESS):
+            if line.strip().startswith(_PROGRESS):
                 say(f"  {line.strip()}")
     if pip.returncode != 0:
         raise ToolchainUnavailable(
-            f"pip could not fetch the CUDA {CUDA_VERSION} toolchain that builds FlashInfer's {MODULE} module "
-            f"({_last_line(chr(10).join(lines))}); check the network and disk space, or put a CUDA "
-            f"{CUDA_VERSION.split('.')[0]} toolkit on CUDA_HOME, or build without it: "
-            "--path registry --path mrv1 --path mrv2")
+            f"{command[0]} could not fetch the CUDA {CUDA_VERSION} toolchain that builds FlashInfer's {MODULE} "
+            f"module ({_last_line(chr(10).join(lines))}); check the network and disk space, or {_OTHERWISE}")
+
+
+_OTHERWISE = (f"put a CUDA {CUDA_VERSION.split('.')[0]} toolkit on CUDA_HOME, or build without it: "
+              "--path registry --path mrv1 --path mrv2")
+
+
+def installer() -> list[str]:
+    """The install command the toolchain is fetched with: this interpreter's pip, else uv on PATH for this
+    interpreter (a venv made by ``uv venv`` has no pip unless ``--seed``); ``ToolchainUnavailable`` if neither."""
+    import importlib.util
+
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"]
+    uv = shutil.which("uv")
+    if uv is not None:
+        return [uv, "pip", "install", "--python", sys.executable]
+    raise ToolchainUnavailable(
+        f"{sys.executable} has no pip (a venv `uv venv` made without --seed) and no uv is on PATH, so the CUDA "
+        f"{CUDA_VERSION} toolchain that builds FlashInfer's {MODULE} module cannot be fetched: put uv on PATH, "
+        f"or install pip there ({sys.executable} -m ensurepip), or {_OTHERWISE}")
 
 
 def _stderr(line: str) -> None:

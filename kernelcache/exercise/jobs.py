@@ -25,6 +25,7 @@ from typing import Protocol
 from ..errors import BuildFailed
 from ..format.compilelog import ExerciseLog
 from ..format.manifest import Environment
+from ..plan import families
 from ..plan.recipe import BuildPlan
 from ..plan.targets import BuildTarget
 from ..plan.tasks import SAMPLER, Task, plan_units
@@ -87,7 +88,8 @@ def _jobs(plan: BuildPlan, target: BuildTarget, work: Path, cache: Path, jobs: i
            "TQDM_DISABLE": "1", **reproducible_cc(work),
            **candidates_env(target.capability, target.sm_count, {p.name: p.product for p in target.profiles}),
            **(variables or {})}
-    asks = "flashinfer_attention" in plan.paths or any(t.label == "flashinfer_attention" for t in extra_tasks)
+    builders = families.flashinfer("tasks")  # the paths whose tasks ask FlashInfer for its JIT modules
+    asks = any(p in builders for p in plan.paths) or any(t.label in builders for t in extra_tasks)
     if asks and target.mode == "cross":
         env.update(flashinfer_build_env(target, build=not served))
     setup = ()

@@ -57,13 +57,14 @@ def main(path: str) -> int:
     started = time.perf_counter()
     results, functions = [], set()
 
-    from . import device_tables, listener
+    from ..hooks import kernelcache_listener
+    from . import device_tables
 
-    listener.install(job.compile_log)
+    kernelcache_listener.install(job.compile_log)
     device_tables.start(job.compile_log)
     if job.served:
         _served_helpers(job.cache_dir)
-    listener.count_builds(job.compile_log)
+    kernelcache_listener.count_builds(job.compile_log)
     if job.tune:
         from . import autotune_log
 

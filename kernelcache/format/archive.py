@@ -49,7 +49,6 @@ from ..errors import (
     UnsafeMemberError,
     UsageError,
 )
-from . import keep_old_name
 from .manifest import MANIFEST_NAME, FileRecord, Manifest
 from .overlap import ReadAhead, Writer, new_file
 
@@ -591,5 +590,3 @@ def _kind(info: tarfile.TarInfo) -> str:
     if info.sparse is not None:
         return "sparse file"
     return kinds.get(info.type, f"tar type {info.type!r}")
-
-keep_old_name(__name__)  # kernelcache.bundle.archive

@@ -24,8 +24,6 @@ import math
 from collections.abc import Callable
 from json.encoder import c_make_encoder, encode_basestring_ascii
 
-from . import keep_old_name
-
 __all__ = ["Unusual", "dumps", "plain"]
 
 
@@ -151,5 +149,3 @@ def plain(value: object) -> object:
             raise Unusual(t.__name__)
         names = _FIELDS[t] = tuple(f.name for f in dataclasses.fields(t))
     return {name: plain(getattr(value, name)) for name in names}
-
-keep_old_name(__name__)  # kernelcache.bundle.canonical

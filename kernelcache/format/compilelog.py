@@ -1,5 +1,5 @@
 """The compile log: one JSON line per Triton ``compile()`` call (a disk hit or a real compile) and per gcc build of
-a helper module, with the records read back from it. The exercise's listener (exercise/listener.py) and the build
+a helper module, with the records read back from it. The compile listener (hooks/kernelcache_listener.py) and the build
 cache write it; harvest, pack, verify and the overlay's miss log read it. Lines are appended with one ``write``
 each, so threads and processes can share one log, and a reader skips the torn last line of a killed writer."""
 

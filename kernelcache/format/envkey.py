@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BundleManifestError
-from . import keep_old_name
 from .envscan import Stat, key_digest, scan_key
 
 if TYPE_CHECKING:  # the key itself needs no manifest: a no-op install computes it before anything else
@@ -91,5 +90,3 @@ class KnownEnvironment:
 def environment_key() -> EnvironmentKey:
     """This process's key: a few hundred ``stat`` calls, no import of Triton or torch."""
     return EnvironmentKey(**scan_key())
-
-keep_old_name(__name__)  # kernelcache.bundle.envkey

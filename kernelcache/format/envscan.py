@@ -17,7 +17,6 @@ import sys
 
 from ..hooks.kernelcache_records import json_dumps_sorted, sha256_hex, stamp
 from ..hooks.kernelcache_tritonkey import triton_files  # the served triton_key() seed checks these too
-from . import keep_old_name
 
 DISTRIBUTIONS = ("triton", "torch", "vllm", "flashinfer-python", "apache-tvm-ffi")
 
@@ -190,5 +189,3 @@ def _read(path: str) -> str:
             return handle.read()
     except OSError:
         return "(none)"
-
-keep_old_name(__name__)  # kernelcache.bundle.envscan

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import MissingDependency
-from . import keep_old_name
 from .envscan import OPTION_ENV_VARS
 from .manifest import DeviceKeys, Environment, Manifest, Target, Tuning, arch_to_capability, capability_of
 
@@ -269,7 +268,3 @@ def _flashinfer_parent() -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations))).resolve().parent
-
-
-keep_old_name(__name__)  # kernelcache.bundle.fingerprint
-

@@ -29,7 +29,6 @@ import os
 import subprocess
 
 from ..hooks.kernelcache_tritonkey import identity, triton_files
-from . import keep_old_name
 from .envscan import OPTION_ENV_VARS, key_candidates
 from .fingerprint import platform_tag, python_tag
 from .manifest import Environment, TritonIdentity, arch_to_capability
@@ -99,5 +98,3 @@ def _ptxas_version(path: str) -> str | None:
         return subprocess.check_output([path, "--version"], stderr=subprocess.DEVNULL, timeout=60).decode("utf-8")
     except (OSError, subprocess.SubprocessError, UnicodeDecodeError):
         return None
-
-keep_old_name(__name__)  # kernelcache.bundle.identity

@@ -24,12 +24,14 @@ from ..hooks.kernelcache_autotune import SUFFIX as AUTOTUNE_SUFFIX
 from ..hooks.kernelcache_listener import json_value  # the compile log's hook writes constexprs with it
 from ..hooks.kernelcache_walks import BUNDLE_DIR as WALKS_DIR
 from ..hooks.kernelcache_walks import BUNDLE_FILE as WALKS_FILE
-from . import canonical, keep_old_name
+from . import canonical
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-# Build paths whose kernels vLLM configures by the GPU's device name (exercise/device_tables.py records the tables).
-DEVICE_NAME_PATHS = ("moe", "mamba")
+# The paths whose kernels vLLM configured by the GPU's device name when bundles did not yet record what the name
+# decided (``Target.device_keys``): read only for such a bundle. A bundle built since records it, whichever family
+# built it (the families say which they are: plan/families/, ``Family.keys_follow_device``).
+UNRECORDED_DEVICE_NAME_PATHS = ("moe", "mamba")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 
@@ -262,7 +264,7 @@ class Manifest:
         if self.target.device_keys is not None:
             return self.target.device_keys
         plan = self.build.plan if isinstance(self.build.plan, dict) else {}
-        if not set(plan.get("paths") or ()) & set(DEVICE_NAME_PATHS):
+        if not set(plan.get("paths") or ()) & set(UNRECORDED_DEVICE_NAME_PATHS):
             return None
         products = {g.get("name"): g.get("product") for g in plan.get("gpus") or () if isinstance(g, dict)}
         device = products.get(self.target.gpu)
@@ -462,5 +464,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return json_value(value)
-
-keep_old_name(__name__)  # kernelcache.bundle.manifest

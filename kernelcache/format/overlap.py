@@ -24,8 +24,6 @@ import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from . import keep_old_name
-
 
 class ReadAhead(io.RawIOBase):
     """``raw``'s bytes; once ``start`` is called, read in a thread up to ``depth`` blocks of ``size`` bytes
@@ -163,5 +161,3 @@ class Writer:
 def new_file(target: str) -> int:
     """A descriptor for writing ``target``, which must not exist yet (nor be a link): a member is written once."""
     return os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-
-keep_old_name(__name__)  # kernelcache.bundle.overlap

@@ -1,6 +1,6 @@
 """Record every Triton ``compile()`` call -- disk hit or real compile -- and every gcc build of a helper module as
 one JSON line of the compile log (standard library only: ``sitecustomize`` installs it in the processes
-``kernelcache capture`` starts; exercise/listener.py, in the exercise's workers).
+``kernelcache capture`` starts; exercise/worker.py, in the exercise's workers).
 
 ``triton.knobs.compilation.listener`` is called on every compile, hit or miss, with the source (signature,
 constexprs, attrs), the metadata (hash, num_warps, ...) and ``cache_hit`` (``compile`` in
@@ -91,9 +91,12 @@ def install(path: str | None = None, also=None):
     return listener
 
 
-def count_builds(path: str | None = None) -> None:
-    """Log every gcc build of a Triton helper module (launchers, cuda_utils): a cache miss too. A module the
-    installed cache answered (kernelcache_prebuilt.py) is logged as ``prebuilt`` instead."""
+def count_builds(path: str | None = None, also=None) -> None:
+    """Log every gcc build of a Triton helper module (launchers, cuda_utils) to ``path`` (default:
+    $KERNELCACHE_COMPILE_LOG) and hand each record to ``also``: a cache miss too. A module the installed cache
+    answered (kernelcache_prebuilt.py) is logged as ``prebuilt`` instead. A record: ``{"event": "gcc" | "prebuilt",
+    "name", "seconds", "pid", "time", "task"}``. The one place that wraps Triton's ``triton.runtime.build._build``:
+    scripts count builds with ``also``, never by patching Triton themselves."""
     from triton.runtime import build
 
     try:
@@ -107,10 +110,14 @@ def count_builds(path: str | None = None) -> None:
     def counted(name, src, srcdir, *args, **kwargs):
         started = time.perf_counter()
         so = original(name, src, srcdir, *args, **kwargs)
-        if target:
+        if target or also is not None:
             event = "prebuilt" if kernelcache_prebuilt.served_by_cache(so) else "gcc"
-            append(target, {"event": event, "name": name, "seconds": time.perf_counter() - started,
-                            "pid": os.getpid(), "time": time.time(), "task": os.environ.get("KERNELCACHE_TASK")})
+            record = {"event": event, "name": name, "seconds": time.perf_counter() - started, "pid": os.getpid(),
+                      "time": time.time(), "task": os.environ.get("KERNELCACHE_TASK")}
+            if target:
+                append(target, record)
+            if also is not None:
+                also(record)
         return so
 
     build._build = counted

@@ -34,6 +34,29 @@ class Task:
 
 
 @dataclass(frozen=True)
+class Flag:
+    """A vLLM serve flag whose value changes a family's kernels (``--gdn-prefill-backend``), declared by the family.
+
+    kernelcache's flag of the same name (``build --gdn-prefill-backend triton``) is a shorthand for it: appended to
+    the serve command as that vLLM flag (plan/serve.py ``shorthand_words``), so a build takes one path whichever way
+    it was given. A recipe's ``[vllm]`` table takes it under ``name`` (the flag's words joined by underscores), the
+    plan keeps its value under that name (``BuildPlan.flag``), and a served plan takes what vLLM configured
+    (``ServeConfig``'s field of that name where it has one, else the serve command's value)."""
+
+    vllm: str  # the vLLM serve flag: "--gdn-prefill-backend"
+    choices: tuple[str, ...]  # the values kernelcache builds for; the first is the default (vLLM's own)
+    help: str  # what build --help says of it
+
+    @property
+    def name(self) -> str:
+        return self.vllm.removeprefix("--").replace("-", "_")
+
+    @property
+    def default(self) -> str:
+        return self.choices[0]
+
+
+@dataclass(frozen=True)
 class ModelSection:
     """A family's own layers in a model config: ``parse(fields, architecture, where)`` gives its spec (a frozen
     dataclass) or None for a model without such layers; ``ModelSpec`` keeps it under ``key`` (plans and bundles
@@ -93,6 +116,13 @@ class Family:
     releases: tuple[str, ...] = SUPPORTED  # the vLLM minor releases that have the path (plan/releases.py)
     contacts: tuple[Contact, ...] = ()  # every vLLM internal its exercise imports or calls, per release
     lacks: str = ""  # why a supported release not in ``releases`` lacks the path (the build's refusal says it)
+    flags: tuple[Flag, ...] = ()  # the vLLM serve flags its kernels depend on that no other family declares
+    keys_follow_device: bool = False  # vLLM picks its kernels' configs by the GPU's device name (a bundle per product)
+    flashinfer: str = ""  # FlashInfer modules: "built" (the build compiles the module), "tasks" (its tasks JIT them)
+
+    def task(self, kwargs: dict | None = None) -> Task:
+        """One of its tasks: ``exercise`` called with ``kwargs``, labelled with the family's name."""
+        return Task(self.exercise, dict(kwargs or {}), label=self.name)
 
     def planned(self, plan: BuildPlan, vocab: int = 0) -> tuple[Task, ...]:
         """Its tasks for ``plan`` (none when the plan does not name the path)."""

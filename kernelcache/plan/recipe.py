@@ -21,7 +21,7 @@ import os
 import re
 import shlex
 import tomllib
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +31,13 @@ from ..usercache import user_cache
 from . import families
 from .families.attention import ATTENTION_BACKENDS, KV_CACHE_DTYPES, TRITON_ATTN
 from .families.flashinfer_attention import FLASHINFER
-from .families.gdn import GDN_PREFILL_BACKENDS
 from .gpus import PROFILES, GpuProfile
 from .model import ModelSpec, load_config, recipe_keys
 from .model import parse as parse_model
 from .serve import SHORTHAND, ServeCommand, ServeConfig, shorthand_words
 
 PATHS = families.names()  # the built-in paths; families.names() also has any registered since
-__all__ = ["ATTENTION_BACKENDS", "GDN_PREFILL_BACKENDS", "KV_CACHE_DTYPES", "PATHS", "TRITON_ATTN", "BuildPlan",
+__all__ = ["ATTENTION_BACKENDS", "KV_CACHE_DTYPES", "PATHS", "TRITON_ATTN", "BuildPlan",
            "PlanOverrides", "Vocab", "load", "parse", "resolve", "shipped"]
 MODES = ("top_k", "top_p", "top_k_top_p")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -69,8 +68,20 @@ class PlanOverrides:
     attention_backend: str | None = None  # vLLM --attention-backend: TRITON_ATTN adds the attention path
     kv_cache_dtype: str | None = None  # vLLM --kv-cache-dtype (attention)
     block_size: int | None = None  # vLLM --block-size: tokens per KV-cache block (runner, attention)
-    gdn_prefill_backend: str | None = None  # vLLM --gdn-prefill-backend (gdn)
+    gdn_prefill_backend: str | None = None  # vLLM --gdn-prefill-backend (gdn's flag, kept as a field of its own)
     serve: tuple[str, ...] | str | None = None  # a serve command (``build -- vllm serve MODEL [flags]``), or its words
+    flags: dict | None = None  # the families' other flags (``Family.flags``) by name, None: the file's
+
+    @classmethod
+    def of(cls, **values: Any) -> PlanOverrides:
+        """The overrides from keyword values, a family flag without a field of its own going into ``flags``."""
+        own = {f.name for f in fields(cls)}
+        rest = {k: v for k, v in values.items() if k not in own and v is not None}
+        return cls(**{k: v for k, v in values.items() if k in own}, flags=rest or None)
+
+    def flag(self, name: str) -> Any:
+        """A family flag's value (None: not given)."""
+        return getattr(self, name) if name in _OVERRIDE_FIELDS else (self.flags or {}).get(name)
 
     def __post_init__(self) -> None:
         if isinstance(self.serve, str):  # build(serve="vllm serve MODEL --flag V"): its words
@@ -114,11 +125,12 @@ class BuildPlan:
     command: str = ""  # a recipe's serve command, before vLLM resolves it (plan/serve.py)
     model_config: str = ""  # a recipe's config.json for its serve command's model (a hub id's)
     serve: dict | None = None  # what vLLM configured for the serve command (ServeConfig.record())
+    flags: dict = field(default_factory=dict)  # the families' flags without a field above (``Family.flags``), by name
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["model"] = self.model.to_dict() if self.model else None  # its families' sections by their keys
-        for name in ("command", "model_config", "serve"):  # a plan without a serve command stays as it was
+        for name in ("command", "model_config", "serve", "flags"):  # a plan without them stays as it was
             if not data[name]:
                 del data[name]
         return data
@@ -137,6 +149,12 @@ class BuildPlan:
             "gpus": tuple(GpuProfile(**g) for g in data["gpus"]),
             "model": ModelSpec.from_dict(data["model"]) if data.get("model") else None,
         })
+
+    def flag(self, name: str) -> str:
+        """The value of a family's flag (``Family.flags``): its field, or ``flags``, or the flag's default."""
+        if name in _PLAN_FIELDS:
+            return getattr(self, name)
+        return self.flags.get(name, next(f.default for f in families.flags() if f.name == name))
 
     @property
     def layer_dtypes(self) -> tuple[str, ...]:
@@ -157,7 +175,7 @@ class BuildPlan:
             plan = plan._override_serving(given.num_speculative_tokens, given.max_model_len)
             plan = plan._override_attention(given.attention_backend, given.kv_cache_dtype, given.block_size,
                                             explicit_paths=bool(given.paths))
-            plan = plan._override_gdn(given.gdn_prefill_backend)
+            plan = plan._override_flags(given)
             return plan._override_batching(given.max_num_batched_tokens, given.tensor_parallel_size)
         except RecipeError as exc:
             raise UsageError(str(exc)) from None
@@ -174,8 +192,7 @@ class BuildPlan:
             kv_cache_dtype=config.kv_cache_dtype if config.kv_cache_dtype in KV_CACHE_DTYPES else "auto",
             attention_backend=config.attention_backend if config.attention_backend in ATTENTION_BACKENDS else "auto",
             num_speculative_tokens=config.num_speculative_tokens,
-            gdn_prefill_backend=config.gdn_prefill_backend if config.gdn_prefill_backend in GDN_PREFILL_BACKENDS
-            else "auto",
+            **_flag_fields({f.name: _served_flag(config, f) for f in families.flags()}, self.flags),
             command="", model_config="", serve=config.record())
         if self.paths != families.names():  # the recipe named its paths
             _check_spec_decode(plan.paths, plan.num_speculative_tokens, self.source or "serve command")
@@ -207,11 +224,11 @@ class BuildPlan:
         _check_families(plan, where)
         return plan
 
-    def _override_gdn(self, backend) -> BuildPlan:
-        if backend is None:
-            return self
-        return replace(self, gdn_prefill_backend=_choice(backend, GDN_PREFILL_BACKENDS, "--gdn-prefill-backend",
-                                                         "command line"))
+    def _override_flags(self, given: PlanOverrides) -> BuildPlan:
+        """The families' flags given on the command line, each checked against the values its family builds."""
+        values = {f.name: _choice(given.flag(f.name), f.choices, f.vllm, "command line") for f in families.flags()
+                  if given.flag(f.name) is not None}
+        return replace(self, **_flag_fields(values, self.flags)) if values else self
 
     def _override_attention(self, backend, kv_cache_dtype, block_size, explicit_paths: bool) -> BuildPlan:
         """--attention-backend TRITON_ATTN adds the attention path and FLASHINFER the flashinfer_attention path (for
@@ -261,10 +278,12 @@ class BuildPlan:
         return replace(self, **changes)
 
 
+_PLAN_FIELDS = {f.name for f in fields(BuildPlan)}
+_OVERRIDE_FIELDS = {f.name for f in fields(PlanOverrides)}
 _TOP_KEYS = {"name", "description", "gpus", "vllm", "vocab", "gpu", "model", "serve", "model_config"}
 _VLLM_KEYS = {"paths", "max_num_seqs", "num_speculative_tokens", "max_model_len", "modes", "seeded", "unseeded",
               "logits_dtypes", "min_p", "fp64_gumbel", "max_num_batched_tokens", "tensor_parallel_size",
-              "attention_backend", "kv_cache_dtype", "block_size", "gdn_prefill_backend", "flashinfer_cubins"}
+              "attention_backend", "kv_cache_dtype", "block_size", "flashinfer_cubins"}  # and the families' flags
 
 
 def load(recipe: str | os.PathLike | None = None) -> BuildPlan:
@@ -314,7 +333,7 @@ def _where(file: Path) -> str:
 def parse(data: dict, where: str) -> BuildPlan:
     _known(data, _TOP_KEYS, "", where)
     vllm = _table(data.get("vllm", {}), "vllm", where)
-    _known(vllm, _VLLM_KEYS, "vllm.", where)
+    _known(vllm, _VLLM_KEYS | {f.name for f in families.flags()}, "vllm.", where)
     custom = _table(data.get("gpu", {}), "gpu", where)
     model = _model(data["model"], where, str(data.get("name", ""))) if "model" in data else None
     gpus = data.get("gpus")
@@ -338,8 +357,8 @@ def parse(data: dict, where: str) -> BuildPlan:
                                   where),
         kv_cache_dtype=_choice(vllm.get("kv_cache_dtype", "auto"), KV_CACHE_DTYPES, "vllm.kv_cache_dtype", where),
         block_size=_positive(vllm.get("block_size", 16), "vllm.block_size", where),
-        gdn_prefill_backend=_choice(vllm.get("gdn_prefill_backend", "auto"), GDN_PREFILL_BACKENDS,
-                                    "vllm.gdn_prefill_backend", where),
+        **_flag_fields({f.name: _choice(vllm.get(f.name, f.default), f.choices, f"vllm.{f.name}", where)
+                        for f in families.flags()}, {}),
         flashinfer_cubins=_bool(vllm.get("flashinfer_cubins", True), "vllm.flashinfer_cubins", where),
         model=model,
         seeded=_bool(vllm.get("seeded", True), "vllm.seeded", where),
@@ -358,6 +377,20 @@ def parse(data: dict, where: str) -> BuildPlan:
         _check_spec_decode(plan.paths, plan.num_speculative_tokens, where)
     _check_families(plan, where)
     return plan
+
+
+def _flag_fields(values: dict[str, str], flags: dict) -> dict[str, Any]:
+    """``BuildPlan`` fields for the families' flag ``values``: a flag with a field of its own there (gdn's), the
+    others in ``flags`` (over ``flags``, the plan's)."""
+    rest = {k: v for k, v in values.items() if k not in _PLAN_FIELDS}
+    return {**{k: v for k, v in values.items() if k in _PLAN_FIELDS}, **({"flags": {**flags, **rest}} if rest else {})}
+
+
+def _served_flag(config: ServeConfig, flag) -> str:
+    """What vLLM configured for a family's flag: ``ServeConfig``'s field of its name, else the command's value; a
+    value kernelcache does not build for is the flag's default."""
+    value = getattr(config, flag.name, None) or ServeCommand.parse(config.command).value(flag.vllm)
+    return value if value in flag.choices else flag.default
 
 
 def _recipe_file(value: Any, where: str) -> str:
@@ -579,7 +612,8 @@ def _hugging_face_config(config: str | os.PathLike) -> bool:
 
 
 def _vllm_flags(given: PlanOverrides) -> dict[str, Any]:
-    return {name: getattr(given, name) for name in (*SHORTHAND, "num_speculative_tokens")}
+    return {**{name: getattr(given, name) for name in (*SHORTHAND, "num_speculative_tokens")},
+            **{f.name: given.flag(f.name) for f in families.flags()}}
 
 
 def _model_name(model: str) -> str:

@@ -20,9 +20,11 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..errors import UsageError
+from . import families
 
-# kernelcache's shorthand flags (PlanOverrides fields) -> vLLM's serve flags. num_speculative_tokens has no plain
-# vLLM flag: it becomes an n-gram --speculative-config (a draft method with no model, so no draft weights).
+# kernelcache's shorthand flags (PlanOverrides fields) -> vLLM's serve flags; the families' own flags
+# (``Family.flags``) follow them. num_speculative_tokens has no plain vLLM flag: it becomes an n-gram
+# --speculative-config (a draft method with no model, so no draft weights).
 SHORTHAND = {
     "max_num_seqs": "--max-num-seqs",
     "max_model_len": "--max-model-len",
@@ -31,7 +33,6 @@ SHORTHAND = {
     "attention_backend": "--attention-backend",
     "kv_cache_dtype": "--kv-cache-dtype",
     "block_size": "--block-size",
-    "gdn_prefill_backend": "--gdn-prefill-backend",
 }
 
 
@@ -90,9 +91,9 @@ class ServeCommand:
 
 
 def shorthand_words(given: dict[str, Any]) -> tuple[str, ...]:
-    """kernelcache's flags (``PlanOverrides`` fields that are set) as vLLM serve flags."""
+    """kernelcache's flags (``PlanOverrides`` fields that are set, and the families' flags) as vLLM serve flags."""
     words: list[str] = []
-    for name, flag in SHORTHAND.items():
+    for name, flag in (*SHORTHAND.items(), *((f.name, f.vllm) for f in families.flags())):
         if given.get(name) is not None:
             words += [flag, str(given[name])]
     drafts = given.get("num_speculative_tokens")

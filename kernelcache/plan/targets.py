@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import MissingDependency, PathUnavailable, ReleaseUnsupported, UsageError
 from ..format.fingerprint import package_version
-from ..format.manifest import DEVICE_NAME_PATHS, arch_to_capability
+from ..format.manifest import arch_to_capability
 from . import families, releases
 from .gpus import PROFILES, GpuProfile, VisibleGpu, profile_for
 from .recipe import BuildPlan
@@ -29,9 +29,9 @@ def required_module(path: str) -> tuple[str, str]:
 
 
 def device_keyed(plan: BuildPlan) -> bool:
-    """Whether the plan has a path vLLM configures by device name (a path that reads such a table but is not in
-    ``DEVICE_NAME_PATHS`` fails its build, build.py ``device_keys_of``, rather than mislabel a bundle)."""
-    return any(p in DEVICE_NAME_PATHS for p in plan.paths)
+    """Whether the plan has a path vLLM configures by device name (a path that reads such a table but does not
+    declare ``keys_follow_device`` fails its build, build.py ``device_keys_of``, rather than mislabel a bundle)."""
+    return any(p in families.device_keyed() for p in plan.paths)
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class BuildTarget:
     sm_count: int
     profiles: tuple[GpuProfile, ...]
     mode: str  # "cross" | "native"
-    product: str = ""  # set when the keys depend on the product name (DEVICE_NAME_PATHS)
+    product: str = ""  # set when the keys depend on the product name (families.device_keyed())
 
     @property
     def capability(self) -> int:

@@ -7,16 +7,17 @@ the vocab."""
 
 from __future__ import annotations
 
-from ..format.manifest import DEVICE_NAME_PATHS
 from . import families
 from .family import MODEL, VOCAB, Task
 from .recipe import BuildPlan
 
 SAMPLER = "kernelcache.exercise.vllm_sampler"  # the sampler's module: the platform setup and FlashInfer tasks
-# The exercise module of each path vLLM configures by device name (format/manifest.py DEVICE_NAME_PATHS).
-DEVICE_NAME_MODULES = {path: families.get(path).exercise.partition(":")[0] for path in DEVICE_NAME_PATHS}
+__all__ = ["SAMPLER", "device_name_modules", "Task", "model_tasks", "plan_units", "vocab_tasks"]
 
-__all__ = ["DEVICE_NAME_MODULES", "SAMPLER", "Task", "model_tasks", "plan_units", "vocab_tasks"]
+
+def device_name_modules() -> dict[str, str]:
+    """The exercise module of each path vLLM configures by device name (``Family.keys_follow_device``)."""
+    return {path: families.get(path).exercise.partition(":")[0] for path in families.device_keyed()}
 
 
 def vocab_tasks(plan: BuildPlan, vocab: int) -> tuple[Task, ...]:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 from ..cachedir.layout import INSTALLED, state_path
 from ..errors import ServeMismatch
+from ..plan import families
 from ..plan.serve import ServeCommand
 
 # vLLM serve flag -> the ServeConfig field it sets. --speculative-config is compared by its method and drafts.
@@ -32,8 +33,7 @@ KEY_FLAGS = {
     "--attention-backend": "attention_backend",
     "--tensor-parallel-size": "tensor_parallel_size",
     "--dtype": "dtype",
-    "--gdn-prefill-backend": "gdn_prefill_backend",
-}
+}  # and each family's flags (``Family.flags``: gdn's --gdn-prefill-backend), by their own names
 ALIASES = {"--tensor-parallel-size": "-tp"}
 _DTYPES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -74,15 +74,15 @@ def differences(built: dict, served: ServeCommand) -> list[str]:
     found = []
     if served.model != bundle.model:
         found.append(f"model {served.model}: the bundle was built for {bundle.model}")
-    for flag, field in KEY_FLAGS.items():
+    for flag, field in {**KEY_FLAGS, **{f.vllm: f.name for f in families.flags()}}.items():
         value, theirs = _value(served, flag), _value(bundle, flag)
         if value is None:
             if theirs is not None:
                 found.append(f"{flag} not given: the bundle was built with {flag} {theirs} (vLLM's default may differ)")
             continue
-        if _same(flag, value, built.get(field)):
+        if _same(flag, value, built.get(field, theirs)):
             continue
-        found.append(f"{flag} {value}: the bundle was built for {built.get(field)}")
+        found.append(f"{flag} {value}: the bundle was built for {built.get(field, theirs)}")
     return found + _drafts(built, served)
 
 

@@ -103,21 +103,12 @@ def main() -> int:
 
 
 def count_triton() -> None:
-    """Every Triton compile() (hit or miss) and every gcc build of a helper module, by Triton's own hooks."""
-    import triton
-    from triton.runtime import build as triton_build
+    """Every Triton compile() (hit or miss) and every gcc build of a helper module, by kernelcache's listener."""
+    from kernelcache.hooks import kernelcache_listener
 
-    def listener(*, src, metadata, metadata_group, times, cache_hit):
-        EVENTS["triton_cache_hit" if cache_hit else "triton_compile"] += 1
-
-    triton.knobs.compilation.listener = listener
-    original = triton_build._build
-
-    def counted(*a, **k):
-        EVENTS["gcc_build"] += 1
-        return original(*a, **k)
-
-    triton_build._build = counted
+    kernelcache_listener.install(also=lambda record: EVENTS.update(["triton_cache_hit" if record["cache_hit"]
+                                                                    else "triton_compile"]))
+    kernelcache_listener.count_builds(also=lambda record: EVENTS.update(["gcc_build"]))
 
 
 def counters() -> dict:

@@ -49,12 +49,12 @@ KEY_IN_PATH = re.compile(r"/([A-Z2-7]{52})\b")
 def child(vocab: int, max_batch: int) -> dict:
     import torch
 
-    from kernelcache.exercise import listener
+    from kernelcache.hooks import kernelcache_listener
 
     events: list[dict] = []
-    listener.install(also=events.append)
-    gcc: list[int] = []
-    _count_gcc(gcc)
+    kernelcache_listener.install(also=events.append)
+    gcc: list[dict] = []
+    kernelcache_listener.count_builds(also=gcc.append)
     results: dict[str, str] = {}
     errors: list[dict] = []
 
@@ -91,18 +91,6 @@ def child(vocab: int, max_batch: int) -> dict:
 def _key_in(text: str) -> str | None:
     found = KEY_IN_PATH.search(text)
     return found.group(1) if found else None
-
-
-def _count_gcc(sink: list) -> None:
-    from triton.runtime import build
-
-    original = build._build
-
-    def counted(*args, **kwargs):
-        sink.append(1)
-        return original(*args, **kwargs)
-
-    build._build = counted
 
 
 def registry(vocab: int, max_num_seqs: int) -> None:

@@ -17,16 +17,20 @@ What a user's process meets (issue 32), timed so that it cannot flatter the bund
   ``KERNELCACHE_REPLAY_WALKS=0``: Triton walks every kernel) and, when asked, ``served-eager``
   (``CUDA_MODULE_LOADING=EAGER``: torch's kernels loaded before the clock, which tells what CUDA's lazy loading
   costs the call);
-* rounds interleave the modes (warm, served, served-walk, warm, ...) per path, in two phases: ``quiet`` (the GPU
-  idle before) and ``busy`` (a matmul loop right before each timed call, and 10 s of it before each batch). Before
-  the rounds, the first served process of each path in the fresh install (it walks, and keeps the walks at exit).
+* rounds interleave the modes per path (warm, served, served-walk in odd rounds, reversed in even ones, so that no
+  mode always runs right after another), in two phases: ``quiet`` (the GPU idle before) and ``busy`` (a matmul loop
+  right before each timed call, and 10 s of it before each batch). Before the rounds, the first served process of
+  each path in the shared install (what it walks the bundle's records do not cover, and keeps at exit).
 
 To fit one device call, the processes of a batch start together, each does everything before the clock, says
 READY and waits on its stdin; the driver then lets one at a time run its timed part and exit (the others sleep in a
-read), so no timed call shares the CPU or GPU. Each process also times, without cProfile, where its first call
+read), so no timed call shares the CPU or GPU, and each runs on the same CPU (``--pin``; the busy phase's matmul
+loop on the others). Each process also times, without cProfile, where its first call
 goes (``PHASES``: triton_key, each kernel's ``cache_key`` walk, compile()'s hit path, module loads, helper modules,
-the driver's start, generator set-up, GC pauses), counts compiles with kernelcache's compile listener and the
-commands it starts; one extra process per path and mode runs its first call under cProfile (``served`` ones with
+the driver's start, generator set-up, GC pauses), counts what the call used besides wall time (``Usage``: CPU time,
+page faults, context switches; the same work gives the same faults and about the same CPU time where the wall time
+of one process and the next differ), counts compiles with kernelcache's compile listener and the commands it
+starts; one extra process per path and mode runs its first call under cProfile (``served`` ones with
 ``KERNELCACHE_DEBUG=1``). Everything is written as it comes: a failed process or mode loses nothing else.
 
     python3 scripts/gpu/first_call_rounds.py --bundles '.carry/fc/*.tar.zst' --out $OUT --rounds 3
@@ -191,28 +195,17 @@ class Watch:
     def install(self) -> None:
         import gc
 
-        import kernelcache.bundle.manifest  # noqa: F401 -- what the listener's first record imports: not on the clock
-        from kernelcache.exercise import listener
+        import kernelcache.format.manifest  # noqa: F401 -- what the listener's first record imports: not on the clock
+        from kernelcache.hooks import kernelcache_listener
 
-        listener.install(also=lambda record: self.on and self.events.append(record))
-        self._count_builds()
+        kernelcache_listener.install(also=lambda record: self.on and self.events.append(record))
+        kernelcache_listener.count_builds(also=self._built)
         sys.addaudithook(self._audit)
         gc.callbacks.append(self._gc)
 
-    def _count_builds(self) -> None:
-        from triton.runtime import build
-
-        original = build._build
-
-        def counted(name, *args, **kwargs):
-            so = original(name, *args, **kwargs)
-            if self.on:
-                from kernelcache.hooks.kernelcache_prebuilt import served_by_cache
-
-                self.builds.append(f"{name}:{'copied' if served_by_cache(so) else 'gcc'}")
-            return so
-
-        build._build = counted
+    def _built(self, record: dict) -> None:
+        if self.on:
+            self.builds.append(f"{record['name']}:{'copied' if record['event'] == 'prebuilt' else 'gcc'}")
 
     def _audit(self, event, args) -> None:
         if not self.on:
@@ -237,6 +230,27 @@ class Watch:
                 "kernels": sorted({f"{e['name']}:{e['key'][:8]}" for e in self.events}), "builds": self.builds,
                 "spawned": self.spawned, "read_libtriton": self.read_libtriton,
                 "gc_seconds": round(self.gc_seconds, 6), "gc_collections": self.gc_collections}
+
+
+class Usage:
+    """What the process used from here on, besides wall time: CPU time (all its threads, and this thread alone, which
+    runs the call), page faults and context switches. Two processes doing the same work use the same CPU time and
+    faults however the machine's speed varies between them."""
+
+    def __init__(self):
+        self.start = self._now()
+
+    @staticmethod
+    def _now() -> dict:
+        import resource
+
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        return {"cpu_ms": time.process_time() * 1000, "thread_cpu_ms": time.thread_time() * 1000,
+                "minflt": used.ru_minflt, "majflt": used.ru_majflt, "vcsw": used.ru_nvcsw, "ivcsw": used.ru_nivcsw}
+
+    def since(self) -> dict:
+        now = self._now()
+        return {name: round(now[name] - self.start[name], 3) for name in now}
 
 
 FAKE = False  # --fake: a CPU dry run under kernelcache's fake sm_90 target (no GPU; kernels compiled, not run)
@@ -339,7 +353,7 @@ def _mrv2(logits, full, marks: list):
     return step
 
 
-def child(path: str, profile: bool, wait: bool) -> dict:
+def child(path: str, profile: bool, wait: bool, pin: int | None = None) -> dict:
     """One fresh process: set up, say READY, wait for GO, time the first and second call; the result as a dict."""
     started = time.perf_counter()
     import torch
@@ -364,12 +378,15 @@ def child(path: str, profile: bool, wait: bool) -> dict:
 
             gc.collect()
             gc.freeze()
+        if pin is not None:  # the timed part on the one CPU every timed process gets
+            os.sched_setaffinity(0, {pin})
         if wait:
             print("READY", flush=True)
             if sys.stdin.readline().strip() != "GO":
                 sys.exit(3)
         profiler = _profiler() if profile else None
         sync()
+        usage = Usage()
         watch.on, phases.clock = True, time.perf_counter()
         if profiler:
             profiler.enable()
@@ -377,6 +394,7 @@ def child(path: str, profile: bool, wait: bool) -> dict:
         mark = time.perf_counter()
         sync()
         end = time.perf_counter()
+        usage = usage.since()
         if profiler:
             profiler.disable()
         watch.on, phases.stop = False, end
@@ -385,9 +403,10 @@ def child(path: str, profile: bool, wait: bool) -> dict:
         step()
         sync()
         second = time.perf_counter() - mark
-    return {"first_call": first, "second_call": second, "final_sync": final_sync, "setup": setup,
+    return {"first_call": first, "first_call_usage": usage, "second_call": second, "final_sync": final_sync,
+            "setup": setup,
             "marks": [[m, round(t - phases.clock, 6)] for m, t in marks], **watch.result(), **phases.summary(),
-            "tokens": None if FAKE else _digest(tokens),
+            "tokens": None if FAKE else _digest(tokens), "pinned_cpu": pin,
             "cuda_module_loading": os.environ.get("CUDA_MODULE_LOADING", "(unset: torch sets LAZY)"),
             "top": _top(profiler) if profiler else None}
 
@@ -438,8 +457,12 @@ def _top(profiler, count: int = 45) -> list[dict]:
     return sorted(rows, key=lambda r: -r["cumtime"])[:count] + sorted(rows, key=lambda r: -r["tottime"])[:25]
 
 
-def gpu_work() -> None:
-    """A matmul loop on command: reads ``WORK seconds`` lines, answers ``DONE`` once the GPU is idle again."""
+def gpu_work(avoid: int | None = None) -> None:
+    """A matmul loop on command: reads ``WORK seconds`` lines, answers ``DONE`` once the GPU is idle again. Off the
+    CPU ``avoid`` (the timed processes'), where there are others."""
+    others = os.sched_getaffinity(0) - {avoid}
+    if avoid is not None and others:
+        os.sched_setaffinity(0, others)
     import torch
 
     a = torch.randn((8192, 8192), device="cuda", dtype=torch.bfloat16)
@@ -534,6 +557,7 @@ class Driver:
         self.rows: list[dict] = []
         self.served = self.work / "served"
         self.warm = self.work / "warm"
+        self.pin = None if args.no_pin else args.pin if args.pin is not None else max(os.sched_getaffinity(0))
         self.bundle = ""  # the one installed (``install``): every served-fresh process gets a new install of it
         self.next_id = 0
         self.children: list[Child] = []  # started and not finished: ended if the driver is
@@ -576,6 +600,8 @@ class Driver:
 
     def command(self, spec: dict) -> tuple[list[str], dict]:
         harness = [sys.executable, str(HERE), "--child", spec["path"]]
+        if self.pin is not None:
+            harness += ["--pin", str(self.pin)]
         if spec.get("profile"):
             harness.append("--profile")
         if spec.get("wait", True):
@@ -645,7 +671,8 @@ class Driver:
         if FAKE:  # no GPU to keep busy
             return
         if self.gpu is None:
-            self.gpu = subprocess.Popen([sys.executable, str(HERE), "--gpu-work"], stdin=subprocess.PIPE,
+            avoid = [] if self.pin is None else ["--pin", str(self.pin)]
+            self.gpu = subprocess.Popen([sys.executable, str(HERE), "--gpu-work", *avoid], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True, env=self.env(), cwd=str(REPO))
             self.gpu.stdout.readline()
         self.gpu.stdin.write(f"WORK {seconds}\n")
@@ -677,8 +704,9 @@ class Driver:
         process per path if time is left."""
         modes, rounds, paths = self.args.modes.split(","), self.args.rounds, self.args.paths.split(",")
         firsts = [self.spec("quiet", 0, p, "served", first_in_cache=True, debug=True) for p in paths]
-        quiet = firsts + [self.spec("quiet", r, p, m) for r in range(1, rounds + 1) for p in paths for m in modes]
-        busy = [self.spec("busy", r, p, m) for r in range(1, rounds + 1) for p in paths for m in modes]
+        quiet = firsts + [self.spec("quiet", r, p, m) for r in range(1, rounds + 1) for p in paths
+                          for m in round_order(modes, r)]
+        busy = [self.spec("busy", r, p, m) for r in range(1, rounds + 1) for p in paths for m in round_order(modes, r)]
         profiles = [self.spec("profile", 0, p, m, profile=True) for p in paths for m in modes]
         size = self.args.batch
         batches = [(quiet[i:i + size], False) for i in range(0, len(quiet), size)]
@@ -706,6 +734,13 @@ class Driver:
             write_summary(self.rows, self.out)
             self.say(f"done: {len(self.rows)} processes, {sum('error' in r for r in self.rows)} failed")
         return 0
+
+
+def round_order(modes: list[str], rnd: int) -> list[str]:
+    """The modes in the order given in odd rounds and reversed in even ones, so that no mode always runs right after
+    another (a process's speed follows what ran before it: served-fresh after served in every round made any such
+    drift look like a difference between them)."""
+    return list(modes) if rnd % 2 else list(reversed(modes))
 
 
 # == the summary ======================================================================================
@@ -737,11 +772,18 @@ def summarise(rows: list[dict]) -> dict:
                       "compiles": sorted({r["compiles"] for r in group}),
                       "builds": sorted({b for r in group for b in r["builds"]}),
                       "triton_key_ms": [round(_seconds(r, "triton_key") * 1000, 1) for r in group],
+                      "thread_cpu_ms": [_used(r, "thread_cpu_ms") for r in sorted(group, key=lambda r: r["round"])],
+                      "minflt": [_used(r, "minflt") for r in sorted(group, key=lambda r: r["round"])],
                       "walks": sorted({json.dumps(r["walks"]) for r in group if r.get("walks")}),
                       "phases_ms": _median_phases(group)})
     return {"table": table, "ratios": ratios(timed), "failed": [
         {k: r.get(k) for k in ("id", "phase", "round", "path", "mode", "error", "stderr_tail")}
         for r in rows if "error" in r]}
+
+
+def _used(row: dict, name: str):
+    """One of the first call's ``Usage`` numbers (None in rows from before the harness kept them)."""
+    return (row.get("first_call_usage") or {}).get(name)
 
 
 def _seconds(row: dict, phase: str) -> float:
@@ -766,23 +808,29 @@ def ratios(rows: list[dict]) -> list[dict]:
         base = warm.get((row["phase"], row["path"], row["round"]))
         if row["mode"].startswith("served") and base and not row.get("first_in_cache"):
             found.setdefault((row["phase"], row["path"], row["mode"]), []).append(round(row["first_call"] / base, 3))
-    served = {(r["phase"], r["path"], r["round"]): r["first_call"] for r in rows
+    second = {(r["phase"], r["path"], r["round"]): r for r in rows
               if r["mode"] == "served" and not r.get("first_in_cache")}
-    fresh = {}
+    fresh, cpu = {}, {}
     for row in rows:
-        second = served.get((row["phase"], row["path"], row["round"]))
-        if row["mode"] == "served-fresh" and second:
-            fresh.setdefault((row["phase"], row["path"]), []).append(round(row["first_call"] / second, 3))
+        other = second.get((row["phase"], row["path"], row["round"]))
+        if row["mode"] != "served-fresh" or not other:
+            continue
+        fresh.setdefault((row["phase"], row["path"]), []).append(round(row["first_call"] / other["first_call"], 3))
+        if _used(row, "thread_cpu_ms") and _used(other, "thread_cpu_ms"):
+            cpu.setdefault((row["phase"], row["path"]), []).append(
+                round(_used(row, "thread_cpu_ms") / _used(other, "thread_cpu_ms"), 3))
     return [{"phase": p, "path": path, "mode": m, "per_round": v, "max": max(v), "median": statistics.median(v),
              "every_round_at_most_0.25": max(v) <= 0.25, "every_round_at_most_0.2": max(v) <= 0.2,
-             "vs_second_served_per_round": fresh.get((p, path)) if m == "served-fresh" else None}
+             "vs_second_served_per_round": fresh.get((p, path)) if m == "served-fresh" else None,
+             "cpu_vs_second_served_per_round": cpu.get((p, path)) if m == "served-fresh" else None}
             for (p, path, m), v in sorted(found.items())]
 
 
 def markdown(summary: dict) -> str:
     lines = ["| phase | path | mode | first calls, ms (round order) | median [min-max] | vs warm, per round | "
-             "vs served, per round | second call | compiles | triton_key() in the call, ms | walks |",
-             "|" + " --- |" * 11]
+             "vs served, per round | the call's CPU (its thread), ms | CPU vs served | second call | compiles | "
+             "triton_key() in the call, ms | walks |",
+             "|" + " --- |" * 13]
     by = {(r["phase"], r["path"], r["mode"]): r for r in summary["ratios"]}
     for row in summary["table"]:
         ratio = by.get((row["phase"], row["path"], row["mode"]))
@@ -791,6 +839,8 @@ def markdown(summary: dict) -> str:
                      f"{row['median_ms']} [{row['min_ms']}-{row['max_ms']}] | "
                      f"{', '.join(f'{v:.2f}×' for v in ratio['per_round']) if ratio else ''} | "
                      f"{', '.join(f'{v:.2f}×' for v in (ratio or {}).get('vs_second_served_per_round') or ())} | "
+                     f"{', '.join(str(v) for v in row['thread_cpu_ms'] if v is not None)} | "
+                     f"{', '.join(f'{v:.2f}×' for v in (ratio or {}).get('cpu_vs_second_served_per_round') or ())} | "
                      f"{row['second_call_ms']} ms | {row['compiles']} | {', '.join(map(str, row['triton_key_ms']))} | "
                      f"{'; '.join(row['walks'])} |")
     lines += ["", "Median time inside the first call, ms, by phase (inclusive; nested: compile > get_cache_key > "
@@ -814,6 +864,9 @@ def main() -> int:
     parser.add_argument("--child", choices=PATHS, help="run one harness process for this path")
     parser.add_argument("--profile", action="store_true", help="(child) the first call under cProfile")
     parser.add_argument("--wait", action="store_true", help="(child) say READY, wait for GO on stdin")
+    parser.add_argument("--pin", type=int, help="the CPU every timed part runs on (default: the highest the driver "
+                                                "may use); the busy phase's matmul loop runs on the others")
+    parser.add_argument("--no-pin", action="store_true", help="timed parts run on any CPU")
     parser.add_argument("--fake", action="store_true", help="(child, driver) a CPU dry run: fake sm_90 target")
     parser.add_argument("--gpu-work", action="store_true", help="the matmul loop process")
     parser.add_argument("--summarise", metavar="ROWS", help="rewrite summary.json/.md beside ROWS (rows.jsonl)")
@@ -834,10 +887,10 @@ def main() -> int:
     global FAKE
     FAKE = args.fake
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, args.profile, args.wait), default=str), flush=True)
+        print("RESULT " + json.dumps(child(args.child, args.profile, args.wait, args.pin), default=str), flush=True)
         return 0
     if args.gpu_work:
-        gpu_work()
+        gpu_work(args.pin)
         return 0
     if args.summarise:
         rows = [json.loads(line) for line in Path(args.summarise).read_text().splitlines() if line.strip()]

@@ -8,7 +8,7 @@ source scripts/gpu/harness.sh /tmp/kcs
 bundle=$(ls .carry/sweep/*.tar.zst | head -1)
 vocabs=""; for v in ${VOCABS:-}; do vocabs="$vocabs --vocab $v"; done
 [ -n "$vocabs" ] || vocabs=$(python3 -c "
-from kernelcache.bundle import archive
+from kernelcache.format import archive
 print(' '.join(f'--vocab {v[\"size\"]}' for v in archive.read_manifest('$bundle').build.plan['vocabs']))")
 echo "$bundle $vocabs" >> $OUT/env.txt
 timeout ${SWEEP_TIMEOUT:-560} python3 scripts/gpu/fidelity_sweep.py --bundle "$bundle" $vocabs --work $T/sweep \
@@ -19,7 +19,7 @@ umount $T/sweep/served/cache 2>/dev/null || true
 for old in .carry/sweep-prefix/*.tar.zst; do
   [ -f "$old" ] || continue
   olds=$(python3 -c "
-from kernelcache.bundle import archive
+from kernelcache.format import archive
 print(' '.join(f'--vocab {v[\"size\"]}' for v in archive.read_manifest('$old').build.plan['vocabs']))")
   timeout ${PREFIX_TIMEOUT:-240} python3 scripts/gpu/fidelity_sweep.py --bundle "$old" $olds --work $T/prefix --writable \
     --no-cold --parallel 4 --out $OUT/sweep-prefix.json 2> $OUT/sweep-prefix.err

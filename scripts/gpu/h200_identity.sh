@@ -2,7 +2,7 @@
 # One device call on the H200: a CPU-built bundle's Triton identity record (docs/FORMAT.md, triton_identity)
 # against the GPU host's own Triton.
 #   usage: bash scripts/gpu/h200_identity.sh .carry/identity/<bundle>.tar.zst
-# 1. In one process: the fingerprint taken from the record (kernelcache/bundle/identity.py, before Triton is
+# 1. In one process: the fingerprint taken from the record (kernelcache/format/identity.py, before Triton is
 #    imported) and Triton's own (fingerprint.local_environment): equal, field by field?
 # 2. A cold `kernelcache install` into a fresh dir, 5 runs each, with the record and with the same bundle
 #    without it (scripts/strip_identity.py): wall time, and whether the install imported Triton
@@ -15,10 +15,10 @@ python3 scripts/strip_identity.py "$bundle" "$T/plain.tar.zst"
 python3 - "$bundle" > "$OUT/identity.json" 2> "$OUT/identity.err" <<'PY'
 import json, sys, time
 from dataclasses import asdict
-from kernelcache.bundle import archive
-from kernelcache.bundle.envscan import package_dir
-from kernelcache.bundle.fingerprint import local_environment, package_version
-from kernelcache.bundle.identity import environment_from
+from kernelcache.format import archive
+from kernelcache.format.envscan import package_dir
+from kernelcache.format.fingerprint import local_environment, package_version
+from kernelcache.format.identity import environment_from
 manifest = archive.read_manifest(sys.argv[1])
 started = time.perf_counter()
 fast = environment_from(manifest.triton_identity, manifest.environment, ["sm_90"], package_dir("triton"),

@@ -26,7 +26,7 @@ imports() {  # which of click / kernelcache.install a command imported, and its 
   echo "CUDA_VISIBLE_DEVICES='': $(CUDA_VISIBLE_DEVICES= imports install "$bundle" --cache-dir "$T/w")"
   python3 -c "
 import json, os, sys
-from kernelcache.bundle.envscan import gpu_witness
+from kernelcache.format.envscan import gpu_witness
 from kernelcache.plan.gpus import visible_gpus
 print('visible:', [(g.name, g.arch, g.sm_count) for g in visible_gpus()])
 print('witness files:', sorted(os.listdir('/proc/driver/nvidia/gpus')) if os.path.isdir('/proc/driver/nvidia/gpus') else None)

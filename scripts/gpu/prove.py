@@ -230,12 +230,13 @@ def child(check: str, tasks: list[dict], result: Path) -> dict:
     import torch
 
     torch.zeros(1, device="cuda")
-    from kernelcache.exercise import listener
+    from kernelcache.format.compilelog import read
+    from kernelcache.hooks import kernelcache_listener
 
     records: list[dict] = []
     gcc = result.with_suffix(".gcc.jsonl")
-    listener.install(also=records.append)
-    listener.count_builds(str(gcc))
+    kernelcache_listener.install(also=records.append)
+    kernelcache_listener.count_builds(str(gcc))
     module = load_check(check)
     started = time.perf_counter()
     found = module.check(tasks, records)
@@ -243,7 +244,7 @@ def child(check: str, tasks: list[dict], result: Path) -> dict:
     seconds = time.perf_counter() - started
     outputs = found.pop("outputs", {})
     summary = {**found, "all_s": round(seconds, 4), "compiles": sum(not r["cache_hit"] for r in records),
-               "hits": sum(bool(r["cache_hit"]) for r in records), "gcc_builds": len(listener.read(str(gcc))),
+               "hits": sum(bool(r["cache_hit"]) for r in records), "gcc_builds": len(read(str(gcc))),
                "nvcc_runs": nvcc_runs(),
                "compiled": sorted({r["name"] for r in records if not r["cache_hit"]}),
                "device": torch.cuda.get_device_name(), "torch": torch.__version__,

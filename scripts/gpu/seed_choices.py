@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from kernelcache.bundle.archive import iter_members, read_manifest  # noqa: E402
+from kernelcache.format.archive import iter_members, read_manifest  # noqa: E402
 
 
 def seed(bundle: str, cache_dir: str) -> int:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from kernelcache.bundle import archive  # noqa: E402
+from kernelcache.format import archive  # noqa: E402
 
 root = Path(sys.argv[1])
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kernelcache.bundle import archive
+from kernelcache.format import archive
 
 
 def config_of(kernel, names: set[str]) -> str:

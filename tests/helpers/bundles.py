@@ -7,8 +7,8 @@ import hashlib
 import shutil
 from pathlib import Path
 
-from kernelcache.bundle import archive
-from kernelcache.bundle.manifest import FileRecord
+from kernelcache.format import archive
+from kernelcache.format.manifest import FileRecord
 
 from .common import kc
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kernelcache.bundle import archive
-from kernelcache.bundle.manifest import Manifest
 from kernelcache.cachedir import STATE_DIR, CacheDir
+from kernelcache.format import archive
+from kernelcache.format.manifest import Manifest
 
 
 def expected_bytes(bundle: Path) -> dict[str, bytes]:

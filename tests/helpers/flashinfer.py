@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from kernelcache import __version__
-from kernelcache.bundle.fingerprint import local_environment, package_version
 from kernelcache.bundle.make import make_bundle
-from kernelcache.bundle.manifest import Build, FlashInferModule, Target
+from kernelcache.format.fingerprint import local_environment, package_version
+from kernelcache.format.manifest import Build, FlashInferModule, Target
 
 from .common import clean_env
 

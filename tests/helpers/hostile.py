@@ -19,8 +19,6 @@ from pathlib import Path
 
 import zstandard
 
-from kernelcache.bundle import archive
-from kernelcache.bundle.manifest import MANIFEST_NAME
 from kernelcache.errors import (
     BundleError,
     BundleFormatError,
@@ -30,6 +28,8 @@ from kernelcache.errors import (
     LimitExceededError,
     UnsafeMemberError,
 )
+from kernelcache.format import archive
+from kernelcache.format.manifest import MANIFEST_NAME
 
 GiB = 1 << 30
 

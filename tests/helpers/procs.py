@@ -30,9 +30,9 @@ from pathlib import Path
 def install(bundle: str, cache: str, go: str) -> int:
     from helpers.cachecheck import bundle_state, expected_bytes
 
-    from kernelcache.bundle import archive
-    from kernelcache.bundle.fingerprint import local_environment
     from kernelcache.cli import main
+    from kernelcache.format import archive
+    from kernelcache.format.fingerprint import local_environment
 
     manifest = archive.read_manifest(bundle)
     local_environment(manifest.environment.ptxas or [manifest.target.arch])
@@ -67,7 +67,7 @@ def watch(kept: str, others: str, pointer: str, stop: str, out: str) -> int:
     import triton
     from triton.runtime.cache import FileCacheManager
 
-    from kernelcache.bundle import archive
+    from kernelcache.format import archive
 
     must_stay = {k.key: k for k in archive.read_manifest(kept).kernels}
     expected = {name: data for b in [kept, *others.split(",")] for _, name, data in archive.iter_members(b)}
@@ -122,7 +122,7 @@ def read(bundle: str, pointer: str, stop: str, out: str) -> int:
     import triton
     from triton.runtime.cache import FileCacheManager
 
-    from kernelcache.bundle import archive
+    from kernelcache.format import archive
 
     manifest = archive.read_manifest(bundle)
     expected = {name: data for _, name, data in archive.iter_members(bundle)}

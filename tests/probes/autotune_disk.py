@@ -13,7 +13,7 @@ What is faked, and why: the fake target has no clock, so the benchmark is the au
 (``triton.autotune(do_bench=...)``) returning a fixed time per ``BLOCK`` (smaller is faster: 64 wins over 32 and
 128; nothing is launched) and recording each call. Everything else is Triton's: the keys, the file, its read.
 
-``--guard``: kernelcache's served guard (runtime/site/kernelcache_autotune.py) wraps the autotuner first, as
+``--guard``: kernelcache's served guard (hooks/kernelcache_autotune.py) wraps the autotuner first, as
 ``kernelcache env`` / ``run`` arrange (through sitecustomize) where a bundle's choices are installed.
 ``--activate CACHE_DIR``: ``kernelcache.activate(cache_dir=...)`` first, as an in-process user calls it. Prints one
 JSON line: the configs benchmarked, the config chosen, whether the guard wrapped the autotuner, the autotune files
@@ -48,7 +48,7 @@ def main() -> int:
     if guard:
         from triton.runtime import autotuner
 
-        from kernelcache.runtime.site import kernelcache_autotune
+        from kernelcache.hooks import kernelcache_autotune
 
         kernelcache_autotune.guard(autotuner)
     benched: list[str] = []

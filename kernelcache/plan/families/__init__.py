@@ -2,14 +2,21 @@
 
 The built-in families are registered below in the order plans, ``--path`` and bundles have always listed
 their paths (a plan records its paths, so the order is part of a bundle's bytes); ``register`` adds one more
-(a test's family, or a plug-in), after them. Everything else (plan/recipe.py's checks and defaults,
-plan/tasks.py's exercise units, plan/targets.py's installed-module check, the CLI's ``--path`` help, verify
-through the plan, docs/FAMILIES.md) asks this module.
+(a test's family, or a plug-in), after them. ``KERNELCACHE_FAMILIES`` names plug-ins the way Triton's
+``TRITON_CACHE_MANAGER`` names a cache manager: ``module:ATTRIBUTE`` (comma-separated), each a ``Family``
+registered when this module is first imported, so that the CLI's options already have its flags. Everything else
+(plan/recipe.py's checks, defaults and flags, plan/serve.py's shorthand, plan/tasks.py's exercise units,
+plan/targets.py's installed-module and device-name checks, the build's FlashInfer modules, the CLI's ``--path``
+help and flags, verify through the plan, docs/FAMILIES.md) asks this module.
 """
 
 from __future__ import annotations
 
-from ..family import MODEL, VOCAB, Family
+import importlib
+import os
+
+from ...errors import UsageError
+from ..family import MODEL, VOCAB, Family, Flag
 from ..releases import SUPPORTED
 from . import attention, flashinfer_attention, gdn, mamba, moe, mrv2_spec_decode, runner, sampler, spec_decode
 
@@ -23,8 +30,22 @@ def register(family: Family) -> Family:
     """Add ``family`` after the others; a name already taken is a ``ValueError``."""
     if family.name in _FAMILIES:
         raise ValueError(f"a family named {family.name!r} is already registered")
+    taken = {f.name for f in flags()} | set(ENGINE_FLAGS)
+    if clash := [f.vllm for f in family.flags if f.name in taken]:
+        raise ValueError(f"{family.name}: the flag(s) {', '.join(clash)} are already declared")
     _FAMILIES[family.name] = family
     return family
+
+
+def _plug_ins(value: str) -> None:
+    """Register each ``module:ATTRIBUTE`` of ``value`` (``KERNELCACHE_FAMILIES``)."""
+    for spec in filter(None, (part.strip() for part in value.split(","))):
+        module, _, attribute = spec.partition(":")
+        try:
+            family = getattr(importlib.import_module(module), attribute or "FAMILY")
+        except (ImportError, AttributeError) as exc:
+            raise UsageError(f"KERNELCACHE_FAMILIES: cannot load {spec}: {exc}") from None
+        register(family)
 
 
 def unregister(name: str) -> None:
@@ -46,6 +67,22 @@ def names() -> tuple[str, ...]:
 
 def get(name: str) -> Family:
     return _FAMILIES[name]
+
+
+def flags() -> tuple[Flag, ...]:
+    """The vLLM serve flags the families declare, in path order: the CLI's options, a recipe's ``[vllm]`` keys,
+    the serve command's shorthand."""
+    return tuple(flag for family in _FAMILIES.values() for flag in family.flags)
+
+
+def device_keyed() -> tuple[str, ...]:
+    """The paths whose kernels vLLM configures by the GPU's device name (a bundle per product)."""
+    return tuple(f.name for f in _FAMILIES.values() if f.keys_follow_device)
+
+
+def flashinfer(how: str | None = None) -> tuple[str, ...]:
+    """The paths that build FlashInfer modules; ``how``: only those built that way ("built" or "tasks")."""
+    return tuple(f.name for f in _FAMILIES.values() if f.flashinfer and how in (None, f.flashinfer))
 
 
 def by_model_rank() -> tuple[Family, ...]:
@@ -105,5 +142,12 @@ def _differs(family: Family, name: str) -> bool:
     return len(named) > 1 or not set(family.releases) <= set(named[0].releases)
 
 
-__all__ = ["BUILTIN", "MODEL", "VOCAB", "Family", "by_model_rank", "families", "get", "names", "path_help",
-           "register", "release_matrix", "release_table", "table", "unregister"]
+# vLLM's serve flags kernelcache takes as shorthands for every family (plan/serve.py SHORTHAND): no family
+# declares one of these.
+ENGINE_FLAGS = ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "tensor_parallel_size",
+                "attention_backend", "kv_cache_dtype", "block_size", "num_speculative_tokens")
+_plug_ins(os.environ.get("KERNELCACHE_FAMILIES", ""))
+
+__all__ = ["BUILTIN", "ENGINE_FLAGS", "MODEL", "VOCAB", "Family", "Flag", "by_model_rank", "device_keyed",
+           "families", "flags", "flashinfer", "get", "names", "path_help", "register", "release_matrix",
+           "release_table", "table", "unregister"]

@@ -44,12 +44,12 @@ def _tasks(plan, vocab: int) -> tuple[Task, ...]:
     model = plan.model
     if model is None:
         return ()
-    return tuple(Task("kernelcache.exercise.vllm_attention:attention", {
+    return tuple(FAMILY.task({
         "num_heads": model.num_attention_heads, "num_kv_heads": model.num_key_value_heads,
         "head_size": model.head_dim, "dtype": model.dtype, "kv_cache_dtype": plan.kv_cache_dtype,
         "block_size": plan.block_size, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
         "max_num_batched_tokens": plan.max_num_batched_tokens, "sliding_window": window,
-        "tensor_parallel_size": plan.tensor_parallel_size}, label="attention")
+        "tensor_parallel_size": plan.tensor_parallel_size})
         for window in model.attention_windows)
 
 

@@ -24,14 +24,14 @@ def _tasks(plan, vocab: int) -> tuple[Task, ...]:
     model = plan.model
     if model is None:
         return ()
-    return tuple(Task(f"{EXERCISE}:flashinfer_attention", {
+    return tuple(FAMILY.task({
         "num_heads": model.num_attention_heads, "num_kv_heads": model.num_key_value_heads,
         "head_size": model.head_dim, "dtype": model.dtype, "kv_cache_dtype": plan.kv_cache_dtype,
         "block_size": plan.block_size, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
         "max_num_batched_tokens": plan.max_num_batched_tokens, "sliding_window": window,
         "logits_soft_cap": model.logits_soft_cap, "tensor_parallel_size": plan.tensor_parallel_size,
-        "attention_backend": plan.attention_backend, "cubins": plan.flashinfer_cubins},
-        label="flashinfer_attention") for window in model.attention_windows)
+        "attention_backend": plan.attention_backend, "cubins": plan.flashinfer_cubins})
+        for window in model.attention_windows)
 
 
 def _check(plan, where: str) -> None:
@@ -57,4 +57,4 @@ FAMILY = Family(
            "attention_backend", "flashinfer_cubins"),
     unit=MODEL, tasks=_tasks, note="needs --attention-backend FLASHINFER",
     default=lambda plan: plan.model is not None and served(plan), from_model=lambda model, plan: served(plan),
-    model_rank=7, check=_check, gpu_check="flashinfer_attention", proven="H100", contacts=CONTACTS)
+    model_rank=7, check=_check, flashinfer="tasks", gpu_check="flashinfer_attention", proven="H100", contacts=CONTACTS)

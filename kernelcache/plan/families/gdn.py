@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from ...errors import RecipeError
 from ..config import integer
-from ..family import MODEL, Family, ModelSection, Task
+from ..family import MODEL, Family, Flag, ModelSection, Task
 from ..releases import stable
 from .mamba import SSM_CACHE_DTYPES
 
@@ -89,6 +89,8 @@ SECTION = ModelSection("gdn", GdnSpec, parse, frozenset({*GDN_FIELDS, "mamba_ssm
 # vLLM's --gdn-prefill-backend for NVIDIA GPUs; auto: vLLM's choice (FlashInfer's GDN prefill on Hopper, and on
 # Blackwell with 128-dim keys and CUDA 13; the FLA Triton kernels otherwise: _resolve_gdn_prefill_backend).
 GDN_PREFILL_BACKENDS = ("auto", "triton", "flashinfer")
+PREFILL_BACKEND = Flag("--gdn-prefill-backend", GDN_PREFILL_BACKENDS, "vLLM --gdn-prefill-backend (gdn): auto (vLLM's "
+                       "choice: FlashInfer's CUDA module on Hopper), triton (the FLA Triton kernels), flashinfer.")
 
 
 def _tasks(plan, vocab: int) -> tuple[Task, ...]:
@@ -99,13 +101,13 @@ def _tasks(plan, vocab: int) -> tuple[Task, ...]:
     layers = model.section("gdn") if model else None
     if layers is None:
         return ()
-    return tuple(Task("kernelcache.exercise.vllm_gdn:gdn", {
+    return tuple(FAMILY.task({
         **asdict(layers), "hidden_size": model.hidden_size, "dtype": dtype, "max_num_seqs": plan.max_num_seqs,
         "max_num_batched_tokens": plan.max_num_batched_tokens, "tensor_parallel_size": plan.tensor_parallel_size,
-        "num_speculative_tokens": plan.num_speculative_tokens, "gdn_prefill_backend": plan.gdn_prefill_backend,
+        "num_speculative_tokens": plan.num_speculative_tokens, "gdn_prefill_backend": plan.flag("gdn_prefill_backend"),
         "num_key_value_heads": model.num_key_value_heads, "head_dim": model.head_dim,
         "attention_backend": plan.attention_backend, "kv_cache_dtype": plan.kv_cache_dtype,
-        "block_size": plan.block_size, "max_model_len": plan.max_model_len}, label="gdn")
+        "block_size": plan.block_size, "max_model_len": plan.max_model_len})
         for dtype in plan.layer_dtypes)
 
 
@@ -135,5 +137,6 @@ FAMILY = Family(
            "gdn_prefill_backend", "attention_backend", "kv_cache_dtype", "block_size", "max_model_len"),
     unit=MODEL, tasks=_tasks, note="needs a gated-delta-net model: Qwen3-Next, Qwen3.5",
     default=lambda plan: bool(plan.model and _from_model(plan.model, plan)), from_model=_from_model,
-    model_section=SECTION, model_owned=True, model_rank=3, check=_check, probe="tests/probes/gdn_keys.py",
+    model_section=SECTION, model_owned=True, model_rank=3, check=_check, flags=(PREFILL_BACKEND,),
+    probe="tests/probes/gdn_keys.py",
     gpu_check="gdn", proven="H100", contacts=CONTACTS)

@@ -85,10 +85,10 @@ def _tasks(plan, vocab: int) -> tuple[Task, ...]:
     layers = model.section("mamba") if model else None
     if layers is None:
         return ()
-    return tuple(Task("kernelcache.exercise.vllm_mamba:mamba", {
+    return tuple(FAMILY.task({
         **asdict(layers), "hidden_size": model.hidden_size, "dtype": dtype, "max_num_seqs": plan.max_num_seqs,
-        "max_num_batched_tokens": plan.max_num_batched_tokens, "tensor_parallel_size": plan.tensor_parallel_size},
-        label="mamba") for dtype in plan.layer_dtypes)
+        "max_num_batched_tokens": plan.max_num_batched_tokens, "tensor_parallel_size": plan.tensor_parallel_size})
+        for dtype in plan.layer_dtypes)
 
 
 def _check(plan, where: str) -> None:
@@ -115,5 +115,6 @@ FAMILY = Family(
            "tensor_parallel_size"),
     unit=MODEL, tasks=_tasks, note="needs a hybrid model",
     default=lambda plan: bool(plan.model and _from_model(plan.model, plan)), from_model=_from_model,
-    model_section=SECTION, model_owned=True, model_rank=2, check=_check, probe="tests/probes/mamba_keys.py",
+    model_section=SECTION, model_owned=True, model_rank=2, keys_follow_device=True, check=_check,
+    probe="tests/probes/mamba_keys.py",
     gpu_check="mamba", proven="H200", contacts=CONTACTS)

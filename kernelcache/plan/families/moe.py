@@ -25,11 +25,11 @@ def _tasks(plan, vocab: int) -> tuple[Task, ...]:
     model = plan.model
     if model is None or not model.is_moe:
         return ()
-    return tuple(Task("kernelcache.exercise.vllm_moe:moe", {
+    return tuple(FAMILY.task({
         "num_experts": model.num_experts, "hidden_size": model.hidden_size,
         "intermediate_size": model.moe_intermediate_size, "top_k": model.num_experts_per_tok, "dtype": dtype,
-        "max_num_batched_tokens": plan.max_num_batched_tokens, "tensor_parallel_size": plan.tensor_parallel_size},
-        label="moe") for dtype in plan.layer_dtypes)
+        "max_num_batched_tokens": plan.max_num_batched_tokens, "tensor_parallel_size": plan.tensor_parallel_size})
+        for dtype in plan.layer_dtypes)
 
 
 def _check(plan, where: str) -> None:
@@ -54,5 +54,6 @@ FAMILY = Family(
     reads=("model.num_experts", "model.hidden_size", "model.moe_intermediate_size", "model.num_experts_per_tok",
            "model.dtype", "dtypes", "max_num_batched_tokens", "tensor_parallel_size"),
     unit=MODEL, tasks=_tasks, note="needs a MoE model", default=lambda plan: bool(plan.model and plan.model.is_moe),
-    from_model=_from_model, model_owned=True, model_rank=1, check=_check, probe="tests/probes/moe_keys.py",
+    from_model=_from_model, model_owned=True, model_rank=1, keys_follow_device=True, check=_check,
+    probe="tests/probes/moe_keys.py",
     gpu_check="moe", proven="H200", contacts=CONTACTS)

@@ -35,10 +35,10 @@ CONTACTS = (
 def _tasks(plan, vocab: int) -> tuple[Task, ...]:
     if plan.num_speculative_tokens < 1:
         return ()
-    return (Task("kernelcache.exercise.vllm_mrv2_spec_decode:mrv2_spec_decode", {
+    return (FAMILY.task({
         "vocab": vocab, "max_num_seqs": plan.max_num_seqs, "num_speculative_tokens": plan.num_speculative_tokens,
         "max_model_len": plan.max_model_len, "max_num_batched_tokens": plan.max_num_batched_tokens,
-        "block_size": plan.block_size, "dtypes": list(plan.dtypes)}, label="mrv2_spec_decode"),)
+        "block_size": plan.block_size, "dtypes": list(plan.dtypes)}),)
 
 
 FAMILY = Family(

@@ -25,10 +25,10 @@ CONTACTS = (
 
 
 def _tasks(plan, vocab: int) -> tuple[Task, ...]:
-    return (Task("kernelcache.exercise.vllm_runner:runner", {
+    return (FAMILY.task({
         "vocab": vocab, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
         "max_num_batched_tokens": plan.max_num_batched_tokens, "block_size": plan.block_size,
-        "dtypes": list(plan.dtypes)}, label="runner"),)
+        "dtypes": list(plan.dtypes)}),)
 
 
 def _from_model(model, plan) -> bool:

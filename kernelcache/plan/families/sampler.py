@@ -33,26 +33,25 @@ def processed(plan) -> bool:
 def _registry(plan, vocab: int) -> tuple[Task, ...]:
     if not processed(plan):
         return ()
-    return (Task(f"{EXERCISE}:registry", {"vocab": vocab, "max_num_seqs": plan.max_num_seqs,
-                                          "num_speculative_tokens": plan.num_speculative_tokens}, label="registry"),)
+    return (REGISTRY.task({"vocab": vocab, "max_num_seqs": plan.max_num_seqs,
+                           "num_speculative_tokens": plan.num_speculative_tokens}),)
 
 
 def _mrv1(plan, vocab: int) -> tuple[Task, ...]:
     if not processed(plan):
         return ()
-    return (Task(f"{EXERCISE}:mrv1", {"vocab": vocab, "max_batch": max_batch(plan), "modes": list(plan.modes),
-                                      "seeded": plan.seeded, "unseeded": plan.unseeded and
-                                      "flashinfer" not in plan.paths, "dtypes": list(plan.dtypes)},
-                 label="mrv1"),)
+    return (MRV1.task({"vocab": vocab, "max_batch": max_batch(plan), "modes": list(plan.modes),
+                       "seeded": plan.seeded, "unseeded": plan.unseeded and "flashinfer" not in plan.paths,
+                       "dtypes": list(plan.dtypes)}),)
 
 
 def _mrv2(plan, vocab: int) -> tuple[Task, ...]:
     # Every logits dtype is also a model dtype: an fp32 model's raw logits reach MRV2's Gumbel kernel with
     # APPLY_TEMPERATURE=True, a key of its own (seen missing on the H200 when only bf16/fp16 were raw).
-    return (Task(f"{EXERCISE}:mrv2", {
+    return (MRV2.task({
         "vocab": vocab, "max_batch": max_batch(plan), "modes": list(plan.modes) if processed(plan) else [],
         "model_dtypes": list(plan.dtypes), "max_num_reqs": plan.max_num_seqs, "min_p": plan.min_p,
-        "fp64_gumbel": plan.fp64_gumbel}, label="mrv2"),)
+        "fp64_gumbel": plan.fp64_gumbel}),)
 
 
 REGISTRY = Family(
@@ -81,5 +80,5 @@ MRV2 = Family(
                              "vllm.v1.worker.gpu.sample.min_p:apply_min_p"))
 FLASHINFER = Family(
     "flashinfer", "FlashInfer's sampling module (a CUDA module, built beside the Triton tasks)",
-    f"{EXERCISE}:flashinfer", ("flashinfer", "flashinfer-python"), reads=("vocab",), unit="",
+    f"{EXERCISE}:flashinfer", ("flashinfer", "flashinfer-python"), reads=("vocab",), unit="", flashinfer="built",
     proven="H200 (cross builds)", contacts=stable("vllm.v1.sample.ops.topk_topp_sampler:flashinfer_sample"))

@@ -17,10 +17,9 @@ CONTACTS = tuple(Contact(symbol.rpartition(":")[2], symbol, ("0.33",)) for symbo
 def _tasks(plan, vocab: int) -> tuple[Task, ...]:
     if plan.num_speculative_tokens < 1 or not processed(plan):
         return ()
-    return (Task("kernelcache.exercise.vllm_spec_decode:spec_decode", {
+    return (FAMILY.task({
         "vocab": vocab, "max_num_seqs": plan.max_num_seqs, "num_speculative_tokens": plan.num_speculative_tokens,
-        "max_model_len": plan.max_model_len, "dtypes": list(plan.dtypes), "fp64_gumbel": plan.fp64_gumbel},
-        label="mrv1_spec_decode"),)
+        "max_model_len": plan.max_model_len, "dtypes": list(plan.dtypes), "fp64_gumbel": plan.fp64_gumbel}),)
 
 
 FAMILY = Family(

@@ -1,8 +1,0 @@
-"""The old name of ``kernelcache.hooks.kernelcache_tritonkey``, the served process's hooks on the ground floor:
-importing either gives the one module, so its names, private helpers and monkeypatches are shared."""
-
-import sys
-
-from ...hooks import kernelcache_tritonkey
-
-sys.modules[__name__] = kernelcache_tritonkey
