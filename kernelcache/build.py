@@ -126,6 +126,7 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
     signer = load_signing_key(sign) if sign is not None else None
     there = _load_target_env(target_env)
     plan = planned(arch, recipe, overrides or PlanOverrides(**flags))
+    served = _served_locally(plan, recipe, overrides or PlanOverrides(**flags))
     cache = resolve_build_cache(build_cache)
     targets = plan_targets(plan, arch, mode, visible_gpus() if mode != "cross" else [])
     if there is not None:
@@ -146,7 +147,7 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
             shutil.rmtree(work)
         tasks = tuple(extra_tasks) + _miss_tasks(from_misses or [], target.capability)
         return _signed(_build_target(plan, target, work, out, jobs, keep_ir, tasks, progress, cache, records,
-                                     slots), signer)
+                                     slots, served), signer)
 
     try:
         if cache is None and sum(t.mode == "cross" for t in targets) > 1:
@@ -310,7 +311,7 @@ def check_target_env(plan: BuildPlan, targets: list[BuildTarget], there, source:
 
 def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, keep_ir: bool, extra_tasks,
                   progress, cache: BuildCacheSpec | None = None, records=None,
-                  slots: threading.Semaphore | None = None) -> TargetResult:
+                  slots: threading.Semaphore | None = None, served: tuple[str, ...] = ()) -> TargetResult:
     started = time.perf_counter()
     run = exercise(plan, target, work, work / "cache", jobs, extra_tasks, progress,
                    variables=cache.worker_env() if cache else None, reuse=records, slots=slots)
@@ -331,13 +332,14 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
     bundles, frames = [], _frames(cache)
     for profile in target.profiles:
         name = f"{plan.name}-{target.arch}-{profile.name}.tar.zst"
+        engine, engine_left_out = _engine_compile(plan, target, profile, work, served)
         build_info = Build(tool=f"kernelcache {__version__}", mode=target.mode, source_date_epoch=source_date_epoch(),
                            keep_ir=keep_ir, plan=_plan_record(plan, target), coverage=coverage,
-                           skipped=tuple(found.skipped) + left_out)
+                           skipped=tuple(found.skipped) + left_out + engine_left_out)
         tgt = Target("cuda", target.arch, 32, gpu=profile.name, sm_count=target.sm_count,
                      device_keys=device_keys_of(run.log.device_tables, profile))
         bundles.append(make_bundle(out / name, found.entries, tgt, environment, build_info, flashinfer, identity,
-                                   frames, walks))
+                                   frames, walks, engine))
     ran = run.ran_log() if run.restored else run.log
     compiled = [r for r in ran.compiles if not r.cache_hit]
     return TargetResult(target, tuple(bundles), time.perf_counter() - started,
@@ -345,6 +347,28 @@ def _build_target(plan, target: BuildTarget, work: Path, out: Path, jobs: int, k
                         tuple(found.skipped) + left_out,
                         build_cache=_with_frames(BuildCacheCounts.of(cache and cache.reported, ran.build_cache,
                                                                      flashinfer_cache, kept), frames))
+
+
+def _served_locally(plan: BuildPlan, recipe, given: PlanOverrides) -> tuple[str, ...]:
+    """The serve command's words with the model a local directory holding its config (the compile path runs vLLM's
+    model code on it); () when the plan does not build the compile path."""
+    if "compile" not in plan.paths:
+        return ()
+    request = serve_request(load(recipe), given)
+    return request.local.args if request is not None else ()
+
+
+def _engine_compile(plan: BuildPlan, target: BuildTarget, profile, work: Path,
+                    served: tuple[str, ...]) -> tuple[tuple, tuple]:
+    """vLLM's own compile for ``profile`` (enginecompile.py): its bundle members and what it left out."""
+    if "compile" not in plan.paths:
+        return (), ()
+    if target.mode != "cross":
+        raise BuildFailed("the compile path builds on the fake target (--mode cross); on a GPU, capture it")
+    from .enginecompile import build_artifact
+
+    record, members = build_artifact(list(served), plan.serve["command"], profile, work / f"compile-{profile.name}")
+    return tuple(members), tuple(record["left_out"])
 
 
 def _frames(cache: BuildCacheSpec | None):

@@ -114,6 +114,13 @@ class ServeMismatch(KernelcacheError):
     exit_code = 22
 
 
+class EngineCompileMismatch(KernelcacheError):
+    """vLLM would not find the bundle's compile artifact here: a factor of its hash (a hashed ``VLLM_*`` variable, a
+    config field, the product) or what the artifact pins (the Python and torch versions) differs."""
+
+    exit_code = 23
+
+
 class MissingDependency(KernelcacheError):
     """A package the command needs (triton, vllm, flashinfer, oras) is not importable."""
 

@@ -102,6 +102,7 @@ class InstallPlan:
     signature: SignatureInfo | None = None  # the bundle's signature, checked before its manifest was read
     signature_identity: list[int] | None = None  # the signature file's, taken before it was read
     choices_skipped: str | None = None  # why its autotune choices stay out (timed on another GPU product)
+    serve: str | None = None  # the command the server runs, for a compile artifact's hash (default: the bundle's)
 
     @property
     def blocking(self) -> tuple[Difference, ...]:
@@ -141,6 +142,11 @@ class InstallPlan:
     def execute(self) -> InstallResult:
         warnings = tuple(self.check())
         started = time.perf_counter()
+        if self.manifest.engine is not None and not self.force:
+            from .enginecompile import check_bundle
+
+            # vLLM's hash here: refused (exit 23) before anything is written
+            check_bundle(self.bundle, self.limits, self.serve)
         cache = CacheDir(self.cache_dir)
         if self.already_installed and not cache.pending_journals():  # else: under the lock, rolled forward first
             self._keep_fingerprint(cache)
@@ -158,6 +164,10 @@ class InstallPlan:
                                          seconds=time.perf_counter() - started, warnings=warnings,
                                          signature=self.signature, choices=self.choices_state)
                 written, present = _install_locked(self, cache)
+                if self.manifest.engine is not None:
+                    from .enginecompile import unpack_installed
+
+                    unpack_installed(self.cache_dir, self.manifest)  # VLLM_CACHE_ROOT's tree, while writable
                 if self.manifest.flashinfer:
                     write_site(self.cache_dir)  # FlashInfer's provider registration, while the dir is writable
         except BaseException as exc:
@@ -178,8 +188,8 @@ class InstallPlan:
         """After an install or no-op that found no blocking difference: keep what it was checked against and the
         warnings it gave, so the next no-op install of this file answers (with the same warnings) without reading
         it (cachedir/checked.py). A forced install is never kept: it is checked, and said loudly, every time."""
-        if self.blocking or self.checked_under is None or self.identity is None:
-            return
+        if self.blocking or self.checked_under is None or self.identity is None or self.manifest.engine is not None:
+            return  # a compile artifact is checked against vLLM's hash here at every install
         from .remote import fits
 
         files = [f.path for f in self.manifest.files(self.choices)]
@@ -339,7 +349,7 @@ def install_if_present(digest: str, cache: CacheDir, force: bool = False, check_
 def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = None, force: bool = False,
             check_gpu: bool = True, limits: archive.Limits | None = None, arch: str | None = None,
             gpu: str | None = None, require_signature: bool | None = None,
-            trusted_keys: Sequence[str | os.PathLike] | None = None) -> InstallResult:
+            trusted_keys: Sequence[str | os.PathLike] | None = None, serve: str | None = None) -> InstallResult:
     """Verify, check against this environment, and publish a bundle. Idempotent.
 
     ``bundle`` is a file, a URL (``file://``, ``http(s)://``, ``s3://``, ...) or ``oci://HOST/REPO:TAG``;
@@ -347,14 +357,15 @@ def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = Non
     An ``oci://`` bundle already installed is found from three registry manifest reads, with no download.
     ``require_signature`` / ``trusted_keys`` (None: ``KERNELCACHE_REQUIRE_SIGNATURE`` / ``KERNELCACHE_TRUSTED_KEYS``):
     refuse a bundle that no trusted key signed, before anything is downloaded, extracted or published
-    (bundle/trust.py). ``--force`` does not override a signature policy.
+    (bundle/trust.py). ``--force`` does not override a signature policy. ``serve``: the command the server runs, which
+    a bundle's compile artifact is checked against (vLLM's hash of it here; default: the bundle's serve command).
     """
     cache, signature_policy = CacheDir.at(cache_dir), policy(require_signature, trusted_keys)
     if limits is None:  # a bundle given explicit limits is read again under them
         found = find_checked(bundle, cache.root, check_gpu, signature_policy, arch, gpu)
         if found is not None:
             return checked_result(found)
-    return install_into(bundle, cache, force, check_gpu, limits, arch, gpu, signature_policy)
+    return install_into(bundle, cache, force, check_gpu, limits, arch, gpu, signature_policy, serve=serve)
 
 
 def checked_result(found: Checked) -> InstallResult:
@@ -365,7 +376,7 @@ def checked_result(found: Checked) -> InstallResult:
 
 def install_into(bundle: str | os.PathLike, cache: CacheDir, force: bool = False, check_gpu: bool = True,
                  limits: archive.Limits | None = None, arch: str | None = None, gpu: str | None = None,
-                 signature_policy: Policy = NO_POLICY) -> InstallResult:
+                 signature_policy: Policy = NO_POLICY, serve: str | None = None) -> InstallResult:
     """``install`` into a cache dir already resolved, under a signature policy already read, once its caller asked
     whether this bundle file was checked here before (cachedir/checked.py ``find_checked``: the command's front
     door asks, once) and had no answer."""
@@ -386,6 +397,7 @@ def install_into(bundle: str | os.PathLike, cache: CacheDir, force: bool = False
     with local_bundle(source, arch=arch, gpu=gpu) as path:
         # An oci:// download's bytes are the ones its checked signature names (the pinned manifest's layer digest).
         plan = plan_install_at(path, cache, force, check_gpu, limits, signature_policy, signature)
+        plan = replace(plan, serve=serve)
         result = plan.execute()
         if not is_remote(source):
             plan.remember()

@@ -107,6 +107,7 @@ class VerifyReport:
     flashinfer: tuple[FlashInferCheck, ...] = ()
     device: str | None = None  # why the device name makes kernels miss (a bundle for another product)
     left_out: tuple[str, ...] = ()  # FlashInfer modules the build left out, each with its reason
+    engine: tuple[str, ...] = ()  # vLLM's compile artifacts whose hash vLLM computes here (enginecompile.check)
 
     @property
     def compiles(self) -> int:
@@ -119,7 +120,7 @@ class VerifyReport:
     @property
     def nothing_verified(self) -> bool:
         """No kernel was asked for and no FlashInfer module checked: an ok here would prove nothing."""
-        return not self.kernels and not self.flashinfer
+        return not self.kernels and not self.flashinfer and not self.engine
 
     @property
     def ok(self) -> bool:
@@ -148,7 +149,7 @@ class VerifyReport:
                 "compiles": self.compiles, "hits": self.hits, "gcc_builds": list(self.gcc_builds),
                 "files_written": list(self.files_written), "tolerated": list(self.tolerated),
                 "seconds": self.seconds, "tasks": self.tasks, "nothing_verified": self.nothing_verified,
-                "device": self.device, "left_out": list(self.left_out),
+                "device": self.device, "left_out": list(self.left_out), "engine": list(self.engine),
                 "kernels": [asdict(k) for k in self.kernels],
                 "unexercised": [asdict(k) for k in self.unexercised],
                 "flashinfer": [{**asdict(c), "ok": c.ok} for c in self.flashinfer]}
@@ -181,10 +182,27 @@ def verify(bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike
         else:
             root = CacheDir.at(cache_dir).root
             bundle_manifest = _installed_manifest(root)
+        engine = _engine(bundle_manifest, root, checked=bundle is not None)
         plan = recorded_plan(bundle_manifest, recipe, overrides or PlanOverrides(**flags))
-        return _verify_plan(plan, bundle_manifest, root, scratch / "work", mode, jobs or os.cpu_count() or 1)
+        plan = replace(plan, paths=tuple(p for p in plan.paths if p != "compile"))
+        report = _verify_plan(plan, bundle_manifest, root, scratch / "work", mode, jobs or os.cpu_count() or 1)
+        return replace(report, engine=engine)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _engine(manifest: Manifest, root: Path, checked: bool) -> tuple[str, ...]:
+    """The AOT directories of the bundle's compile artifacts, each checked against vLLM's hash here (refused with
+    exit 23 naming the differing factor) unless its install just did."""
+    from .enginecompile import check, records_of
+
+    out = []
+    for record_path, _ in records_of(manifest.files()):
+        record = json.loads((root / record_path).read_text())
+        if not checked:
+            check(record)
+        out.append(record["hash_dir"])
+    return tuple(out)
 
 
 def _verify_plan(plan: BuildPlan, bundle: Manifest, root: Path, work: Path, mode: str,

@@ -133,8 +133,8 @@ def test_a_registered_family_is_planned_checked_and_listed(selftest, tmp_path):
     assert [name for name, _ in plan_units(recipe.load(str(file)))] == ["1000"]
     assert [t.label for t in plan_units(recipe.load(str(file)))[0][1]] == ["mrv2", SELFTEST]
     shown = CliRunner().invoke(cli, ["build", "--help"], terminal_width=200).output
-    assert "gdn (needs a gated-delta-net model: Qwen3-Next, Qwen3.5), flashinfer_attention (needs " \
-           "--attention-backend FLASHINFER), selftest (a test's family)." in " ".join(shown.split())
+    assert "flashinfer_attention (needs --attention-backend FLASHINFER), compile (opt-in: vLLM's torch.compile), " \
+           "selftest (a test's family)." in " ".join(shown.split())
     assert f"`{SELFTEST}` | vocab | kernelcache's test kernels" in families.table()
 
 

@@ -48,8 +48,9 @@ LAYERS = (
     ("cachedir", ("kernelcache.cachedir",)),
     ("remote", ("kernelcache.remote",)),  # transport: a bundle from a registry or a URL, verified on arrival
     ("buildcache", ("kernelcache.buildcache",)),  # what builds compiled, by Triton key: a dir, a URL, a registry
-    ("build", ("kernelcache.build", "kernelcache.capture", "kernelcache.preflight")),  # the build side's verbs: they
-    # only wire the above (preflight: what a build checks before its first exercise process)
+    # The build side's verbs: they only wire the above (preflight: what a build checks before its first exercise
+    # process; enginecompile: vLLM's torch.compile artifact, built here, checked and unpacked by install and runtime).
+    ("build", ("kernelcache.build", "kernelcache.capture", "kernelcache.preflight", "kernelcache.enginecompile")),
     ("install", ("kernelcache.install",)),
     ("runtime", ("kernelcache.runtime",)),
     ("manage", ("kernelcache.manage",)),  # ls / rm / prune: what install put in a cache dir, and what serves it

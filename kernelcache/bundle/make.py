@@ -15,10 +15,12 @@ from ..format.fingerprint import local_environment
 from ..format.identity import identity_here
 from ..format.manifest import (
     Build,
+    EngineCompile,
     Environment,
     FileRecord,
     FlashInferModule,
     Manifest,
+    Member,
     Target,
     TritonIdentity,
     TritonWalks,
@@ -51,7 +53,7 @@ class PackResult:
 def make_bundle(output: str | os.PathLike, entries: list[Entry], target: Target, environment: Environment,
                 build: Build, flashinfer: tuple[tuple[FlashInferModule, list], ...] = (),
                 triton_identity: TritonIdentity | None = None, frames: Frames | None = None,
-                walks: dict | None = None) -> PackResult:
+                walks: dict | None = None, engine: tuple[Member, ...] = ()) -> PackResult:
     """Hash every member, write the manifest and the bundle. ``flashinfer``: (module, members) pairs;
     ``triton_identity``: the Triton that compiled the entries, by content (format/identity.py); ``frames``: where
     compressed bundles are kept (buildcache/frames.py); ``walks``: the record of Triton's dependency walks of the
@@ -68,9 +70,10 @@ def make_bundle(output: str | os.PathLike, entries: list[Entry], target: Target,
     if walks and walks.get("functions"):
         member = walks_member(walks)
         walked = TritonWalks((_record(member.path, member.read(), readers, member),))
+    compiled = EngineCompile(tuple(_record(m.path, m.read(), readers, m) for m in engine)) if engine else None
     manifest = Manifest(target=target, environment=environment, build=build, kernels=tuple(kernels),
                         modules=tuple(modules), flashinfer=tuple(fi_modules), triton_identity=triton_identity,
-                        walks=walked)
+                        walks=walked, engine=compiled)
     path = write(output, manifest, readers.items(), frames=frames)
     return PackResult(path, manifest, build.skipped)
 

@@ -16,6 +16,7 @@ STATE_DIR = ".kernelcache"  # kernelcache's state; Triton's cache keys stand bes
 # Installed FlashInfer modules (format/manifest.py's FLASHINFER_ROOT, the members' top dir; the manifest sits below
 # cachedir and cannot import this).
 FLASHINFER_MODULES_DIR = "flashinfer"
+VLLM_DIR = "vllm"  # vLLM's compile artifacts, unpacked: VLLM_CACHE_ROOT of a served process (enginecompile.py)
 # Under STATE_DIR:
 LOCK = "lock"  # the file lock every writer of the state holds
 INSTALLED = "installed"  # <digest>.json: one receipt per installed bundle

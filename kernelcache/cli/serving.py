@@ -25,12 +25,15 @@ from .output import err, print_json
 @click.option("--no-gpu-check", is_flag=True, help="Do not compare the bundle's arch with the visible GPUs.")
 @click.option("--arch", default=None, help="Install for this arch: picks it from an OCI index, refuses others.")
 @click.option("--gpu", default=None, help="Install for this GPU profile (e.g. h200): as --arch, plus SM count.")
+@click.option("--serve", default=None, metavar="COMMAND",
+              help="The command the server runs ('vllm serve MODEL ...'): a bundle's compile artifact is checked "
+                   "against vLLM's hash of it here (default: the bundle's own serve command); exit 23 if it differs.")
 @click.option("--json", "as_json", is_flag=True)
 @limits_options
 @signature_options
 def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool, arch: str | None, gpu: str | None,
-            as_json: bool, members: str | None, member_bytes: str | None, total_bytes: str | None,
-            require_signature: bool | None, trusted_keys: tuple[str, ...]) -> None:
+            serve: str | None, as_json: bool, members: str | None, member_bytes: str | None,
+            total_bytes: str | None, require_signature: bool | None, trusted_keys: tuple[str, ...]) -> None:
     """Verify a bundle, check it against this environment, and publish it atomically.
 
     BUNDLE is a file, a URL (file://, http(s)://, s3://, ...) or oci://HOST/REPO:TAG. Its signature (B.sig beside a
@@ -41,7 +44,7 @@ def install(bundle: str, cache_dir: str | None, force: bool, no_gpu_check: bool,
 
     limits = make_limits(members, member_bytes, total_bytes)
     result = do_install(bundle, cache_dir, force=force, check_gpu=not no_gpu_check, limits=limits, arch=arch, gpu=gpu,
-                        require_signature=require_signature, trusted_keys=trusted_keys or None)
+                        require_signature=require_signature, trusted_keys=trusted_keys or None, serve=serve)
     _render_install(result.to_dict(), as_json)
 
 

@@ -227,6 +227,36 @@ def walks_path(path: str) -> bool:
         parts[2] == WALKS_FILE)
 
 
+# vLLM's torch.compile artifacts: vllm-compile/<16 hex>/{compile.json,torch_compile_cache.tar}
+ENGINE_ROOT = "vllm-compile"
+ENGINE_FILES = ("compile.json", "torch_compile_cache.tar")
+
+
+@dataclass(frozen=True)
+class EngineCompile:
+    """vLLM's own torch.compile artifacts (the manifest's ``engine``; enginecompile.py): per artifact its record
+    ``vllm-compile/<16 hex>/compile.json`` and vLLM's ``torch_compile_cache`` tree as a tar beside it."""
+
+    files: tuple[FileRecord, ...]
+
+
+def engine_path(path: str) -> bool:
+    parts = path.split("/")
+    return len(parts) == 3 and parts[0] == ENGINE_ROOT and _HEX16.fullmatch(parts[1]) is not None and (
+        parts[2] in ENGINE_FILES)
+
+
+def engine_record(data: Any) -> EngineCompile | None:
+    if data is None:
+        return None
+    engine = _build(EngineCompile, data, files=_records)
+    wrong = [f.path for f in engine.files if not engine_path(f.path)]
+    if wrong or not engine.files:
+        raise ValueError(f"engine lists {wrong[0]!r}, not {ENGINE_ROOT}/<16 hex digits>/{'|'.join(ENGINE_FILES)}"
+                         if wrong else "engine lists no file")
+    return engine
+
+
 @dataclass(frozen=True)
 class Manifest:
     target: Target
@@ -239,6 +269,7 @@ class Manifest:
     triton_identity: TritonIdentity | None = None  # format/identity.py; left out of the JSON when None
     tuning: Tuning | None = None  # autotune choices (kernelcache tune); left out of the JSON when None
     walks: TritonWalks | None = None  # Triton's walks of the build's @jit functions; left out of the JSON when None
+    engine: EngineCompile | None = None  # vLLM's torch.compile artifacts; left out of the JSON when None
 
     def files(self, choices: bool = True) -> Iterator[FileRecord]:
         """Every member (``choices``: the autotune files too; an install that skips them publishes the rest)."""
@@ -247,6 +278,8 @@ class Manifest:
                 yield from item.files
         if self.walks is not None:
             yield from self.walks.files
+        if self.engine is not None:
+            yield from self.engine.files
         if choices and self.tuning is not None:
             yield from self.tuning.files
 
@@ -289,6 +322,8 @@ class Manifest:
             del data["tuning"]
         if self.walks is None:  # likewise: bundles without walk records
             del data["walks"]
+        if self.engine is None:  # likewise: bundles without vLLM's compile artifact
+            del data["engine"]
         for module in data.get("flashinfer", ()):  # likewise: modules built without a record of their sources
             if module.get("sources_sha256") is None:
                 del module["sources"], module["sources_sha256"]
@@ -328,6 +363,7 @@ class Manifest:
                 triton_identity=identity_record(data.get("triton_identity")),
                 tuning=tuning_record(data.get("tuning")),
                 walks=walks_record(data.get("walks")),
+                engine=engine_record(data.get("engine")),
             ))
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleManifestError(f"manifest.json is malformed: {type(exc).__name__}: {exc}") from None

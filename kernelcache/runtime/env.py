@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import enginecompile
 from ..bundle.trust import Policy, policy
 from ..cachedir import CacheDir, recover
 from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
@@ -36,6 +37,7 @@ def environment(cache: CacheDir) -> dict[str, str]:
     variables.update(flashinfer.environment(cache.root))
     variables.update(triton_key_environment(cache, variables))
     variables.update(autotune_environment(cache, variables))
+    variables.update(enginecompile.environment(cache.root))
     return variables
 
 

@@ -42,7 +42,14 @@ class Overlay:
             "PYTHONPATH": os.pathsep.join(dict.fromkeys(path)),
             **self._triton_keys(),
             **self._choices(),
+            **self._engine(),
         }
+
+    def _engine(self) -> dict[str, str]:
+        """vLLM's compile artifacts of the base, if any (enginecompile.py ``read_only_environment``)."""
+        from ..enginecompile import read_only_environment
+
+        return read_only_environment(self.base.root, self.overlay)
 
     def _choices(self) -> dict[str, str]:
         """Triton's autotune cache on, guarded, if a bundle installed in the base put autotune choices there."""

@@ -27,6 +27,7 @@ from pathlib import Path
 
 EVENTS: Counter = Counter()
 LIBRARIES: list = []
+SCHEMAS = Path(__file__).resolve().parents[2] / "kernelcache" / "exercise" / "vllm_c_op_schemas.json"
 TIMES: dict = {}
 
 
@@ -53,7 +54,7 @@ def define_missing_c_ops() -> list[str]:
     fails loudly. Returns the ops defined so."""
     import torch
 
-    schemas = json.loads((Path(__file__).parent / "vllm_c_op_schemas.json").read_text())
+    schemas = json.loads(SCHEMAS.read_text())
     library = torch.library.Library("_C", "FRAGMENT")
     defined = []
     for name, schema in sorted(schemas.items()):  # "op.overload" ("op.default" for the plain one)
@@ -81,6 +82,8 @@ def main() -> int:
     parser.add_argument("--memory", type=int, default=85520809984)
     parser.add_argument("--reference", help="a run's saved output (.pt) to compare with")
     parser.add_argument("--save-output", help="where a run saves its output (.pt)")
+    parser.add_argument("--serve", help="the serve command whose VllmConfig every state uses (as kernelcache's compile "
+                                        "path builds it: exercise/vllm_compile.py served_config)")
     args = parser.parse_args()
     report: dict = {"mode": args.mode, "cache_root": os.environ.get("VLLM_CACHE_ROOT"), "home": os.environ.get("HOME")}
     started = time.perf_counter()
@@ -127,11 +130,31 @@ def counters() -> dict:
 
 
 def engine_config(args):
+    if args.serve:
+        return served(args.serve)
     from vllm.engine.arg_utils import EngineArgs
 
     return EngineArgs(model=args.model, skip_tokenizer_init=True, load_format="dummy", max_model_len=2048,
                       max_num_batched_tokens=args.tokens, max_num_seqs=64, attention_backend="TRITON_ATTN",
                       ).create_engine_config()
+
+
+def served(command: str):
+    """vLLM's config for a serve command, as kernelcache's compile path makes it, vLLM's platform the GPU here (its
+    capability answers the CUTLASS queries where vLLM's compiled ops are absent)."""
+    import torch
+
+    from kernelcache.exercise import vllm_serve
+    from kernelcache.exercise.vllm_compile import served_config
+    from kernelcache.plan.serve import ServeCommand
+
+    if not vllm_serve.PROFILE:
+        props = torch.cuda.get_device_properties(0)
+        vllm_serve.PROFILE.update({"arch": f"sm_{props.major}{props.minor}", "product": props.name,
+                                   "sm_count": props.multi_processor_count, "memory_mib": props.total_memory >> 20})
+    vllm_serve.flash_attn_interface()
+    parsed = ServeCommand.parse(command)
+    return served_config(list(parsed.args), parsed.text)
 
 
 def hash_factors(config) -> list:

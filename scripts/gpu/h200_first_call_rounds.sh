@@ -6,7 +6,8 @@
 # Run from the repo root with carry [".carry"]: .carry/vllm-h200.tar.xz (scripts/gpu/prepare_carry.sh) and .carry/fc/
 # (kernelcache build --arch sm_90 --gpu h100-sxm --gpu h200 --vocab 50257 --dtype float32 --dtype bfloat16
 #  --path registry --path mrv1 --path mrv2 -o .carry/fc).
-# Results under $OUT (6 files): env.txt, driver.log, rows.jsonl, profiles.jsonl, summary.json, summary.md.
+# Results under $OUT (6 files): env.txt (with the CPU count and NUMA nodes), driver.log, rows.jsonl, profiles.jsonl,
+# summary.json, summary.md.
 # ROUNDS (3), BUDGET (seconds after which no process starts or is released, 450), MODES (warm,served,served-walk;
 # served-fresh: the first served process after a fresh install, each in a new cache dir; served-eager adds
 # CUDA_MODULE_LOADING=EAGER), BATCH (15 processes started together). KC_GC_FREEZE=1: each process freezes its GC heap
@@ -16,6 +17,7 @@
 # What a pod meets (issue 43): MODES=warm,served,served-fresh KC_GC_FREEZE=1 bash scripts/gpu/h200_first_call_rounds.sh
 set -uo pipefail
 source scripts/gpu/harness.sh /tmp/kcr
+{ echo "cpus $(nproc)"; lscpu 2>/dev/null | grep -iE "model name|numa"; } >> "$OUT/env.txt"
 export VLLM_USE_FLASHINFER_SAMPLER=0  # the image has no FlashInfer; the seeded paths are Triton's either way
 timeout ${TIMEOUT:-520} python3 scripts/gpu/first_call_rounds.py --bundles "${BUNDLES:-.carry/fc/*.tar.zst}" \
   --out "$OUT" --rounds ${ROUNDS:-3} --budget ${BUDGET:-450} --modes ${MODES:-warm,served,served-walk} \

@@ -18,11 +18,22 @@ import os
 from ...errors import UsageError
 from ..family import MODEL, VOCAB, Family, Flag
 from ..releases import SUPPORTED
-from . import attention, flashinfer_attention, gdn, mamba, moe, mrv2_spec_decode, runner, sampler, spec_decode
+from . import (
+    attention,
+    flashinfer_attention,
+    gdn,
+    mamba,
+    moe,
+    mrv2_spec_decode,
+    runner,
+    sampler,
+    spec_decode,
+    torch_compile,
+)
 
 BUILTIN = (sampler.REGISTRY, sampler.MRV1, sampler.MRV2, sampler.FLASHINFER, spec_decode.FAMILY,
            mrv2_spec_decode.FAMILY, moe.FAMILY, runner.FAMILY, attention.FAMILY, mamba.FAMILY, gdn.FAMILY,
-           flashinfer_attention.FAMILY)
+           flashinfer_attention.FAMILY, torch_compile.FAMILY)
 _FAMILIES: dict[str, Family] = {f.name: f for f in BUILTIN}
 
 

@@ -1,0 +1,277 @@
+"""The ``compile`` path: vLLM's own torch.compile artifact in the bundle, built without a GPU (issue 39).
+
+Build: ``build_artifact`` runs exercise/vllm_compile.py in a child process (the CUDA-runtime shim preloaded, the
+GPU hidden, ``VLLM_CACHE_ROOT`` a fresh directory) and takes what vLLM wrote under ``torch_compile_cache`` as one
+bundle member, ``vllm-compile/<sha16>/torch_compile_cache.tar``, with its record ``vllm-compile/<sha16>/compile.json``:
+the serve command, the product, what vLLM hashed into the directory's name (each factor named) and what the
+artifact pins (Python's and torch's exact versions: torch's ``SystemInfo.check_compatibility`` compares
+``platform.python_version()`` and ``torch.__version__`` by equality when Dynamo loads it).
+
+Install: ``check`` computes the same factors in the serving environment (this interpreter, its vLLM, its
+``VLLM_*`` variables) and refuses (``EngineCompileMismatch``, exit 23) naming the first that differs; ``unpack``
+places the tree under ``<cache dir>/vllm/`` (``VLLM_CACHE_ROOT``: vLLM's paths in it are relative to that root, so
+it is relocated as it is). ``environment`` gives ``VLLM_CACHE_ROOT`` and ``VLLM_FORCE_AOT_LOAD=1`` (a miss fails
+loudly instead of compiling).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from .cachedir.layout import VLLM_DIR
+from .errors import BuildFailed, EngineCompileMismatch, MissingDependency
+from .format.manifest import Member
+
+ROOT = "vllm-compile"  # the bundle's top dir for it: vllm-compile/<sha16>/{compile.json,torch_compile_cache.tar}
+RECORD, TREE = "compile.json", "torch_compile_cache.tar"
+CACHE_ROOT = VLLM_DIR  # under the cache dir: VLLM_CACHE_ROOT of a served process
+FORCE = "VLLM_FORCE_AOT_LOAD"
+NO_GPU_TUNING = ("VLLM_ENABLE_INDUCTOR_MAX_AUTOTUNE", "VLLM_ENABLE_INDUCTOR_COORDINATE_DESCENT_TUNING")
+
+
+def _child(request: dict, env: dict[str, str], python: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="kernelcache-compile-") as scratch:
+        ask, answer = Path(scratch, "request.json"), Path(scratch, "answer.json")
+        ask.write_text(json.dumps({**request, "answer": str(answer)}))
+        done = subprocess.run([python, "-m", "kernelcache.exercise.vllm_compile", str(ask)], env=env,
+                              capture_output=True, text=True)
+        if answer.is_file():
+            return json.loads(answer.read_text())
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        raise BuildFailed(f"vLLM's compile process exited {done.returncode}: {(lines or ['no output'])[-1][:400]}")
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    here = str(Path(__file__).resolve().parents[1])
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1", "PYTHONPATH": here + (os.pathsep + path if path else ""), **extra}
+
+
+def profile_request(profile) -> dict:
+    from .plan.gpus import memory_mib
+
+    return {"name": profile.name, "arch": profile.arch, "product": profile.product, "sm_count": profile.sm_count,
+            "memory_mib": memory_mib(profile)}
+
+
+def build_artifact(args: list[str], shown: str, profile, work: Path,
+                   python: str = sys.executable) -> tuple[dict, list[Member]]:
+    """vLLM's compile of ``vllm serve ARGS`` (a local model directory; ``shown``: the command as served) for
+    ``profile``'s GPU, on the fake target: (the record, the two bundle members)."""
+    from .exercise.fake_cuda_runtime import build_cudart_shim
+
+    tuned = [name for name in NO_GPU_TUNING if os.environ.get(name, "0") not in ("", "0")]
+    if tuned:
+        raise BuildFailed(f"{tuned[0]} is set: Inductor would time candidate kernels on the GPU, which a build "
+                          f"without one cannot do (unset it, or build this path with kernelcache capture on a GPU)")
+    work.mkdir(parents=True, exist_ok=True)
+    shim = build_cudart_shim(work / "shim")
+    root, home = work / "vllm-cache", work / "home"
+    shutil.rmtree(root, ignore_errors=True)
+    home.mkdir(exist_ok=True)
+    report = _child({"mode": "build", "args": list(args), "shown": shown, "profile": profile_request(profile)},
+                    _env({"LD_PRELOAD": str(shim), "VLLM_CACHE_ROOT": str(root), "HOME": str(home),
+                          "CUDA_VISIBLE_DEVICES": "", "KERNELCACHE_TARGET_MODE": "cross",
+                          "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}), python)
+    if not report.get("ok"):
+        raise BuildFailed(f"vLLM's compile on the fake target failed: {report.get('error')}\n"
+                          f"{report.get('traceback', '')[-3000:]}")
+    data = _tar(root / "torch_compile_cache")
+    record = {"format": 1, "command": shown, "gpu": profile.name, "product": profile.product, "arch": profile.arch,
+              "hash_dir": _hash_dirs(report["artifacts"]), "artifacts": report["artifacts"],
+              "tokens": report["tokens"], "left_out": report["left_out"],
+              "tree_sha256": hashlib.sha256(data).hexdigest(),
+              "hf_config": _model_config(args), **report["named"]}
+    vllm_key = hashlib.sha256(str([*record["factors"], record["model_hash_key"]]).encode()).hexdigest()
+    if vllm_key != record["hash_dir"]:  # vllm/compilation/decorators.py names the directory so
+        raise BuildFailed(f"the named factors hash to {vllm_key[:12]}, and vLLM saved {record['hash_dir'][:12]}")
+    text = json.dumps(record, sort_keys=True, indent=1).encode()
+    tag = hashlib.sha256(text).hexdigest()[:16]
+    return record, [Member(f"{ROOT}/{tag}/{RECORD}", data=text), Member(f"{ROOT}/{tag}/{TREE}", data=data)]
+
+
+def _model_config(args: list[str]) -> dict:
+    from .plan.serve import ServeCommand
+
+    return json.loads(Path(ServeCommand(tuple(args)).model, "config.json").read_text())
+
+
+def _hash_dirs(artifacts: list[str]) -> str:
+    dirs = {Path(a).parts[2] for a in artifacts}  # torch_compile_cache/torch_aot_compile/<hash>/rank_r_d/model
+    if len(dirs) != 1:
+        raise BuildFailed(f"vLLM saved {len(dirs)} AOT directories for one model: {sorted(dirs)}")
+    return dirs.pop()
+
+
+def _tar(folder: Path) -> bytes:
+    """``folder`` as an uncompressed tar (the bundle compresses), names relative to its parent, sorted, with
+    owners and times cleared (the same build gives the same bytes)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted([folder, *folder.rglob("*")]):
+            info = tar.gettarinfo(str(path), str(path.relative_to(folder.parent)))
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mtime = 0
+            if path.is_symlink():
+                raise BuildFailed(f"vLLM's compile cache holds a link: {path}")
+            with (open(path, "rb") if info.isfile() else io.BytesIO()) as stream:
+                tar.addfile(info, stream if info.isfile() else None)
+    return out.getvalue()
+
+
+# -- install, verify, run ---------------------------------------------------------------------------------------
+
+
+def records_of(files) -> list[tuple[str, str]]:
+    """(record path, tree path) of each compile artifact among a manifest's files."""
+    paths = {f.path for f in files}
+    return [(p, p[: -len(RECORD)] + TREE) for p in sorted(paths)
+            if p.startswith(ROOT + "/") and p.endswith("/" + RECORD) and p[: -len(RECORD)] + TREE in paths]
+
+
+def differences(record: dict, here: dict) -> list[str]:
+    """What differs between the bundle's record and the serving environment's factors, most specific first: the
+    Python and torch versions the artifact pins, each hashed ``VLLM_*`` variable, each config field, the rest."""
+    out = []
+    for key, what in (("python", "the Python version (torch's SystemInfo pins it exactly)"),
+                      ("torch", "the torch version"), ("vllm", "the vLLM version")):
+        if record.get(key) != here.get(key):
+            out.append(f"{what}: bundle {record.get(key)}, here {here.get(key)}")
+    env_a, env_b = record.get("env", {}), here.get("env", {})
+    out += [f"{name}: bundle {env_a.get(name)!r}, here {env_b.get(name)!r}"
+            for name in sorted(set(env_a) | set(env_b)) if env_a.get(name) != env_b.get(name)]
+    conf_a, conf_b = record.get("configs", {}), here.get("configs", {})
+    hashed_only = []  # a sub-config whose hash differs with no plain field that does (derived values: ranges, ...)
+    for name in sorted(set(conf_a) | set(conf_b)):
+        a, b = conf_a.get(name, {}), conf_b.get(name, {})
+        if a.get("hash") == b.get("hash"):
+            continue
+        fa, fb = a.get("fields", {}), b.get("fields", {})
+        fields = [f"{name}.{k}: bundle {fa.get(k)!r}, here {fb.get(k)!r}" for k in sorted(set(fa) | set(fb))
+                  if fa.get(k) != fb.get(k)]
+        out += fields
+        hashed_only += [] if fields else [f"{name} (its compute_hash differs)"]
+    out += hashed_only
+    if not out and record.get("factors") != here.get("factors"):
+        labels = ["the VLLM_* environment", "VllmConfig.compute_hash()", "the system (product, CUDA, Triton)",
+                  "torch_key", "Inductor's config", "functorch's config"]
+        wrong = [i for i, (a, b) in enumerate(zip(record.get("factors", []), here.get("factors", []))) if a != b]
+        out += [f"{labels[i] if i < len(labels) else f'factor {i}'} differs" for i in wrong] or ["the factor count"]
+    return out
+
+
+def factors_here(record: dict, serve: str | None = None, python: str = sys.executable) -> dict:
+    """vLLM's factors in this environment for ``serve`` (the command the server runs; default: the record's own).
+    A served model that is no local directory is configured from the config the record keeps (the model string,
+    which vLLM hashes, stays the served one)."""
+    from .plan.gpus import profile as gpu_profile
+    from .plan.serve import ServeCommand
+
+    command = ServeCommand.parse(serve or record["command"])
+    local = command
+    if not Path(command.model).is_dir():
+        folder = Path(tempfile.mkdtemp(prefix="kernelcache-compile-model-"))
+        (folder / "config.json").write_text(json.dumps(record["hf_config"]))
+        local = command.with_model(str(folder))
+    answer = _child({"mode": "factors", "args": list(local.args), "shown": command.text,
+                     "profile": profile_request(gpu_profile(record["gpu"]))},
+                    _env({"CUDA_VISIBLE_DEVICES": "", "VLLM_LOGGING_LEVEL": "ERROR"}), python)
+    if not answer.get("ok"):
+        if "No module named 'vllm'" in str(answer.get("error")):
+            raise MissingDependency("vllm is not importable here: the compile artifact's hash needs the serving "
+                                    "vLLM (install it, or install without the compile path's bundle)")
+        raise EngineCompileMismatch(f"vLLM could not configure the bundle's serve command here: {answer.get('error')}")
+    return answer["named"]
+
+
+def check(record: dict, serve: str | None = None, python: str = sys.executable) -> None:
+    """Refuse (exit 23) when vLLM here would not find the artifact for ``serve`` (default: the record's command),
+    naming what differs."""
+    differing = differences(record, factors_here(record, serve, python))
+    if differing:
+        more = f"; and {len(differing) - 3} more" if len(differing) > 3 else ""
+        raise EngineCompileMismatch(f"vLLM would not load the bundle's compile artifact here "
+                                    f"({record['hash_dir'][:12]}): {'; '.join(differing[:3])}{more}")
+
+
+def unpack(cache_dir: Path, tree: Path) -> Path:
+    """The installed tree under ``<cache_dir>/vllm`` (each AOT directory whole, placed by a rename); returns that
+    root."""
+    root = cache_dir / CACHE_ROOT
+    scratch = Path(tempfile.mkdtemp(prefix=".unpack-", dir=cache_dir))
+    try:
+        with tarfile.open(tree) as tar:
+            tar.extractall(scratch, filter="data")
+        for hashed in sorted((scratch / "torch_compile_cache" / "torch_aot_compile").iterdir()):
+            final = root / "torch_compile_cache" / "torch_aot_compile" / hashed.name
+            if not final.exists():
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(hashed, final)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return root
+
+
+def installed_root(cache_dir: Path) -> Path | None:
+    root = cache_dir / CACHE_ROOT
+    return root if (root / "torch_compile_cache" / "torch_aot_compile").is_dir() else None
+
+
+def environment(cache_dir: Path) -> dict[str, str]:
+    """``VLLM_CACHE_ROOT`` and ``VLLM_FORCE_AOT_LOAD=1`` when the cache dir holds an installed artifact."""
+    root = installed_root(cache_dir)
+    return {"VLLM_CACHE_ROOT": str(root), FORCE: "1"} if root else {}
+
+
+def bundle_records(bundle: Path, limits=None) -> list[dict]:
+    """The compile records a bundle file carries (its ``vllm-compile/<sha16>/compile.json`` members, verified)."""
+    from .format import archive
+
+    out = []
+    for _, name, data in archive.iter_members(bundle, limits):
+        if name.startswith(ROOT + "/") and name.endswith("/" + RECORD):
+            out.append(json.loads(data))
+    return out
+
+
+def check_bundle(bundle: Path, limits=None, serve: str | None = None) -> list[dict]:
+    """``check`` each compile record of a bundle file for ``serve``; returns the records."""
+    records = bundle_records(bundle, limits)
+    for record in records:
+        check(record, serve)
+    return records
+
+
+def unpack_installed(cache_dir: Path, manifest) -> None:
+    """After an install: each published artifact's tree unpacked under ``<cache_dir>/vllm`` (``unpack``)."""
+    for _, tree in records_of(manifest.files()):
+        unpack(cache_dir, cache_dir / tree)
+
+
+def read_only_environment(base: Path, overlay: Path) -> dict[str, str]:
+    """``environment`` for a read-only base: ``VLLM_CACHE_ROOT`` in the writable overlay, its tree mirrored from
+    the base's (directories made, files linked): vLLM makes and writes files under the AOT directory after a load
+    (``inductor_cache``: Inductor's cache for later compiles), which the base cannot take."""
+    source = installed_root(base)
+    if source is None:
+        return {}
+    root = overlay / CACHE_ROOT
+    for path in sorted(source.rglob("*")):
+        target = root / path.relative_to(source)
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        elif not target.exists() and not target.is_symlink():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(path)
+    return {"VLLM_CACHE_ROOT": str(root), FORCE: "1"}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Prepare .carry/c39b for scripts/gpu/h100_compile_path.sh (issue 39): the lab-stack bundle of Llama-3.1-8B's real
+# dimensions built by kernelcache on this CPU box (build --path compile, the fake sm_90 target, H100 SXM), the model
+# path it was built for (vLLM hashes the model string: the device places config.json there), and CPython 3.12.1
+# (the interpreter the bundle was built with: torch's SystemInfo pins Python's exact version), trimmed (no test
+# suite, IDLE, tkinter, ensurepip, static config, caches). .carry/c39 (vLLM's pure-Python tree) comes from
+# scripts/gpu/prepare_engine_compile_carry.sh. Run from the repository root with the lab venv.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=.carry/c39b; mkdir -p "$out"
+PY=${PY:-.venv-lab/bin/python}
+M=${MODEL_PATH:-/tmp/kc39b/models/llama-3.1-8b}
+mkdir -p "$M" && cp scripts/gpu/models/llama-3.1-8b/config.json "$M/"
+echo "$M" > "$out/model-path"
+if ! ls "$out"/*.tar.zst >/dev/null 2>&1; then
+  /usr/bin/time -v "$PY" -m kernelcache build --arch sm_90 --gpu h100-sxm --mode cross --path compile -o "$out" \
+    -- vllm serve "$M" --attention-backend TRITON_ATTN --max-model-len 2048 --max-num-batched-tokens 2048 \
+    --max-num-seqs 64 2> "$out/build-time.txt"
+fi
+home=$("$PY" -c "import sys; print(sys.base_prefix)")
+version=$("$PY" -c "import platform; print(platform.python_version())")
+tar -C "$home" --exclude='lib/python3.12/test' --exclude='lib/python3.12/idlelib' --exclude='lib/python3.12/tkinter' \
+  --exclude='lib/python3.12/ensurepip' --exclude='lib/python3.12/site-packages' --exclude='lib/python3.12/config-*' \
+  --exclude='__pycache__' --exclude='lib/python3.12/lib2to3' --exclude='lib/python3.12/turtledemo' \
+  -cJf "$out/python-$version.tar.xz" bin/python3.12 lib/libpython3.12.so.1.0 lib/python3.12
+ls -la "$out"; du -sh .carry/c39 "$out"
