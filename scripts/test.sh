@@ -96,8 +96,11 @@ stream() {
   stamp "stream $name done (exit $rc)" >> "build/test-$name.log"
   return "$rc"
 }
-# The longest slow files known go first: the last file taken decides how far apart the streams end.
+# The longest slow files known go first: the last file taken decides how far apart the streams end. Of the
+# serving files, test_serving_stack goes first: its builds fill the session's build cache in .venv, which the
+# 0.33 rerun of test_serving_releases then takes from.
 SLOW_FIRST="test_exercise_records test_build_vllm test_device_keys test_build_gdn test_build_flashinfer_attention"
+SERVING_FIRST="test_serving_stack test_serving_releases test_examples_run test_uv_vllm_flashinfer"
 SLOW="slow and not serving"
 rm -rf build/test-jobs build/test-claims
 # The files with tests of marker expression $1, as pytest collects them.
@@ -114,7 +117,8 @@ collect_jobs() {
   if [ "$serving" = 1 ]; then served=$(files_of serving "$@") || return; fi
   { for name in $SLOW_FIRST; do echo "$slow" | grep -Fx "tests/$name.py" | sed 's/^/slow /' || true; done
     for file in $slow; do [[ " $SLOW_FIRST " == *" $(basename "$file" .py) "* ]] || echo "slow $file"; done
-    for file in $served; do echo "serving $file"; done
+    for name in $SERVING_FIRST; do echo "$served" | grep -Fx "tests/$name.py" | sed 's/^/serving /' || true; done
+    for file in $served; do [[ " $SERVING_FIRST " == *" $(basename "$file" .py) "* ]] || echo "serving $file"; done
   } > build/test-jobs.tmp
   mv build/test-jobs.tmp build/test-jobs
 }

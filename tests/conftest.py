@@ -70,18 +70,22 @@ def bundle90(built, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def sampling90(tmp_path_factory):
+def sampling90(tmp_path_factory, build_cache):
     """FlashInfer's sampling module really built for sm_90 (about 100 s on 2 cores): (module, members, workdir).
 
     Every FlashInfer test reuses this one build. It runs as users run it, ``kernelcache build --path
     flashinfer`` (its bundle lands in ``workdir.parents[2] / "out"``, its build cache in ``.../build-cache``); rerunning
-    ``build_sampling`` in its kept work dir then finds nothing to do and returns the module and members.
+    ``build_sampling`` in its kept work dir then finds nothing to do and returns the module and members. The entry
+    it published is then put in the session's build cache too: a later build there of the same FlashInfer release
+    (tests/test_serving_stack.py, tests/test_uv_vllm_flashinfer.py) takes it instead of running nvcc again (its key
+    names the release, toolchain, compilers and arch, no venv: buildcache/flashinfer_modules.py ``module_key``).
     KERNELCACHE_TEST_FLASHINFER_WORKDIR keeps a build dir between runs while developing; CI leaves it unset.
     """
     from helpers.flashinfer import require_flashinfer
 
     require_flashinfer()
-    from kernelcache.exercise.flashinfer import build_sampling
+    from kernelcache.buildcache.store import SUFFIX, DirStore
+    from kernelcache.exercise.flashinfer_sampling import build_sampling
 
     if os.environ.get("KERNELCACHE_TEST_FLASHINFER_WORKDIR"):
         workdir = Path(os.environ["KERNELCACHE_TEST_FLASHINFER_WORKDIR"])
@@ -91,6 +95,9 @@ def sampling90(tmp_path_factory):
            "--workdir", str(scratch / "work"), "-o", str(scratch / "out"),
            "--build-cache", str(scratch / "build-cache"), check=True, timeout=1800)
         workdir = scratch / "work" / "sm_90-132sm" / "flashinfer"
+        shared = DirStore(build_cache)
+        for blob in DirStore(scratch / "build-cache").blobs():
+            shared.put(blob.key, blob.path.name.removesuffix(SUFFIX), blob.path.read_bytes())
     module, members = build_sampling("sm_90", workdir, jobs=2)
     return module, members, workdir
 

@@ -195,8 +195,8 @@ def test_a_base_frozen_mid_install_or_missing_files_is_refused(bundle90, tmp_pat
 
 
 def test_the_gpu_overlay_check_script_passes_on_the_fake_target(tmp_path):
-    """scripts/gpu_overlay_check.py is what runs once on the H200; --fake runs the same steps here."""
-    done = subprocess.run([sys.executable, "scripts/gpu_overlay_check.py", "--fake", "--work", str(tmp_path / "w")],
+    """scripts/gpu/overlay_check.py is what runs once on the H200; --fake runs the same steps here."""
+    done = subprocess.run([sys.executable, "scripts/gpu/overlay_check.py", "--fake", "--work", str(tmp_path / "w")],
                           cwd=ROOT, env=clean_env(OUT=str(tmp_path / "out")), capture_output=True, text=True,
                           timeout=600)
     report = json.loads((tmp_path / "out" / "gpu_overlay_check.json").read_text())

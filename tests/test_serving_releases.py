@@ -207,8 +207,9 @@ RERUN_IN_CI = {"0.33": ("registry_mrv2",), "0.34": tuple(p for p in RERUN if p !
 @pytest.mark.parametrize(("release", "path"), [(r, p) for r in VENVS for p in RERUN_IN_CI[r]])
 def test_each_family_builds_and_verifies_on_each_release(release, path, tmp_path, build_cache):
     """scripts/release_rerun.sh's small config of ``path``: build + install + CPU verify, or exit 36 at once on a
-    release that lacks the path. The builds share the session's build cache: both releases run Triton 3.8, so a
-    kernel whose source 0.34 did not change is compiled once."""
+    release that lacks the path. The builds share the session's build cache: on 0.33 they take what
+    tests/test_serving_stack.py's builds compiled in the same venv (scripts/test.sh runs that file first). A cubin
+    carries its source's path, so the 0.34 venv's kernels are its own (tests/test_build_cache.py)."""
     root = release_venv(VENVS[release])
     env = clean_env(PY=str(root / "bin" / "python"), OUT=str(tmp_path), BUILD_CACHE=str(build_cache))
     done = subprocess.run(["bash", str(ROOT / "scripts" / "release_rerun.sh"), path], capture_output=True, text=True,

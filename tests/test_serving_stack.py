@@ -109,12 +109,16 @@ class DefaultBuild:
 
 
 @pytest.fixture(scope="module")
-def default_build(builder, server, tmp_path_factory) -> DefaultBuild:
+def default_build(builder, server, tmp_path_factory, build_cache) -> DefaultBuild:
     """`kernelcache build` of the default recipe for one vocab in the builder venv, with no CUDA toolchain fetched
-    yet, run from a directory of its own; `kernelcache install` of its bundle in the second serving venv."""
+    yet, run from a directory of its own; `kernelcache install` of its bundle in the second serving venv. It shares
+    the session's build cache (tests/conftest.py): FlashInfer's sampling module comes from the lab's build of it
+    (the same FlashInfer release, toolchain and arch: buildcache/flashinfer_modules.py module_key), and this venv's
+    later builds take the kernels and gcc-built modules it compiled."""
     work = tmp_path_factory.mktemp("default-build")
     (work / "job").mkdir()
     build = ok(builder.kernelcache("build", "--arch", ARCH, "--gpu", GPU, "--vocab", VOCAB, "-o", "bundles",
+                                   "--build-cache", str(build_cache),
                                    cwd=work / "job", env={"KERNELCACHE_TOOLCHAIN_DIR": str(work / "toolchains")},
                                    timeout=3000))
     bundle = work / "job" / "bundles" / f"vllm-sampler-{ARCH}-{GPU}.tar.zst"
@@ -210,7 +214,7 @@ MODEL_FLAGS = ("--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--max-m
 
 
 @pytest.fixture(scope="module")
-def model_bundle(builder, tmp_path_factory) -> Path:
+def model_bundle(builder, tmp_path_factory, build_cache) -> Path:
     """`build --model-config` (a local config.json, Qwen3-30B-A3B's fields) for the fused-MoE layer and
     Model Runner V2's kernels, small serving sizes, in the serving venv (torch 2.14, Triton 3.8)."""
     root = tmp_path_factory.mktemp("model")
@@ -219,7 +223,7 @@ def model_bundle(builder, tmp_path_factory) -> Path:
     config.write_text(json.dumps(QWEN3_30B_A3B))
     done = ok(builder.kernelcache("build", "--arch", ARCH, "--gpu", GPU, "--model-config", str(config), "--path", "moe",
                                   "--path", "runner", "--dtype", "bfloat16", *MODEL_FLAGS, "--mode", "cross",
-                                  "-o", str(root / "out"), "--json", timeout=3000))
+                                  "--build-cache", str(build_cache), "-o", str(root / "out"), "--json", timeout=3000))
     return Path(json.loads(done.stdout)[0]["bundles"][0]["path"])
 
 
@@ -251,7 +255,7 @@ HYBRID_PATHS = ("mamba", "attention", "mrv2_spec_decode")
 
 
 @pytest.fixture(scope="module")
-def hybrid_bundle(builder, tmp_path_factory) -> Path:
+def hybrid_bundle(builder, tmp_path_factory, build_cache) -> Path:
     root = tmp_path_factory.mktemp("hybrid")
     config = root / "Nemotron-H-8B" / "config.json"
     config.parent.mkdir()
@@ -259,8 +263,8 @@ def hybrid_bundle(builder, tmp_path_factory) -> Path:
     paths = [arg for path in HYBRID_PATHS for arg in ("--path", path)]
     done = ok(builder.kernelcache("build", "--arch", ARCH, "--gpu", GPU, "--model-config", str(config), *paths,
                                   "--attention-backend", "TRITON_ATTN", "--num-speculative-tokens", "1",
-                                  "--dtype", "bfloat16", *MODEL_FLAGS, "--mode", "cross", "-o", str(root / "out"),
-                                  "--json", timeout=3000))
+                                  "--dtype", "bfloat16", *MODEL_FLAGS, "--mode", "cross", "--build-cache",
+                                  str(build_cache), "-o", str(root / "out"), "--json", timeout=3000))
     return Path(json.loads(done.stdout)[0]["bundles"][0]["path"])
 
 

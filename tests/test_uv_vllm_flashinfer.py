@@ -3,8 +3,12 @@
 uv installs vLLM's wheels at once, and cuda-python 12.6.2.post1's wheel carries a ``cuda/bindings/`` of its own
 that can replace files of cuda-bindings 13.5.0: ``import flashinfer`` then fails, and a build with a FlashInfer path
 used to fail after every Triton compile had run. Now the preflight refuses it in seconds (exit 35) with the reinstall
-that repairs it; with that done (or where uv's order left cuda-bindings intact) the build makes FlashInfer's sampling
-module. kernelcache comes from the checkout (PYTHONPATH); the venv is uv's, from the serving stack's cache.
+that repairs it; with that done (or where uv's order left cuda-bindings intact) the build bundles FlashInfer's sampling
+module and ``import flashinfer`` works in the venv. The build shares the session's build cache (tests/conftest.py),
+so the module nvcc built for this FlashInfer release earlier in the session (``sampling90``: the same release,
+toolchain and arch, hence the same key) is taken, not built a third time; nvcc's build itself is
+tests/test_flashinfer.py's. kernelcache comes from the checkout (PYTHONPATH); the venv is uv's, from the serving
+stack's cache.
 """
 
 from __future__ import annotations
@@ -36,16 +40,17 @@ def uv_vllm(tmp_path_factory) -> Path:
     return venv
 
 
-def build(venv: Path, out: Path) -> tuple[subprocess.CompletedProcess, float]:
+def build(venv: Path, out: Path, cache: Path) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
     done = subprocess.run([str(venv / "bin" / "python"), "-m", "kernelcache", "build", "--arch", "sm_90", "--gpu",
-                           "h200", "--path", "flashinfer", "--mode", "cross", "-o", str(out)],
+                           "h200", "--path", "flashinfer", "--mode", "cross", "--build-cache", str(cache), "-o",
+                           str(out)],
                           env=clean_env(PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=3000)
     return done, time.monotonic() - started
 
 
-def test_the_flashinfer_path_builds_in_a_uv_made_vllm_venv(uv_vllm, tmp_path):
-    done, seconds = build(uv_vllm, tmp_path / "out")
+def test_the_flashinfer_path_builds_in_a_uv_made_vllm_venv(uv_vllm, tmp_path, build_cache):
+    done, seconds = build(uv_vllm, tmp_path / "out", build_cache)
     if done.returncode == PackageClash.exit_code:  # uv's order left the clash: refused before any compile
         [line] = done.stderr.strip().splitlines()
         assert seconds < 120 and not (tmp_path / "out").exists(), (seconds, line)
@@ -53,7 +58,7 @@ def test_the_flashinfer_path_builds_in_a_uv_made_vllm_venv(uv_vllm, tmp_path):
         assert fix, line
         uv("pip", "install", "-q", "--python", str(uv_vllm / "bin" / "python"), "--reinstall-package",
            "cuda-bindings", fix[1])
-        done, seconds = build(uv_vllm, tmp_path / "out")
+        done, seconds = build(uv_vllm, tmp_path / "out", build_cache)
     assert done.returncode == 0, done.stderr[-3000:]
     [bundle] = (tmp_path / "out").glob("*.tar.zst")
     [module] = read_manifest(bundle).flashinfer

@@ -13,7 +13,7 @@ flashinfer/jit/env.py). For an installed cache dir this module generates, under
 The directory is named by the sha256 of its content and published with one rename, so it is
 written once (by ``install``, or by the first ``env`` where the cache is writable) and only read
 afterwards. Before that, ``providers`` checks what FlashInfer cannot: each file's sha256 against the
-manifest it was installed from. runtime/flashinfer.py puts the dirs on PYTHONPATH.
+manifest it was installed from. runtime/flashinfer_env.py puts the dirs on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def ensure_site(cache_dir: Path, found: list[Provider]) -> Path:
 
 def write_site(cache_dir: Path) -> Path | None:
     """At install time: the site dir for what the cache now holds, if this FlashInfer can use any of it."""
-    from ..format.envscan import distribution_version  # as `env` finds it (runtime/flashinfer.py): no import of
+    from ..format.envscan import distribution_version  # as `env` finds it (runtime/flashinfer_env.py): no import of
     # importlib.metadata (~15 ms)
 
     version = distribution_version("flashinfer-python")

@@ -3,13 +3,14 @@
 Everything is carried by environment variables, so it reaches vLLM's engine and worker
 processes: vLLM sets ``TRITON_CACHE_DIR`` itself only when it is unset (``initialize_inductor_cache``
 in vllm/compilation/compiler_interface.py), so one set before it starts is kept.
-When the cache holds FlashInfer modules, runtime/flashinfer.py adds PYTHONPATH (its provider
+When the cache holds FlashInfer modules, runtime/flashinfer_env.py adds PYTHONPATH (its provider
 registration) and ``FLASHINFER_DISABLE_JIT=1``. When it keeps Triton's ``triton_key()`` (written by the
 install that computed it), ``KERNELCACHE_TRITON_KEYS`` and kernelcache's site dir on PYTHONPATH let
 served processes skip hashing libtriton.so (hooks/kernelcache_tritonkey.py). When an installed bundle
 carries autotune choices (``kernelcache tune``), ``TRITON_CACHE_AUTOTUNING=1`` lets Triton read them instead of
 timing, and ``KERNELCACHE_AUTOTUNE_CHECK=1`` with the site dir guards that read (hooks/kernelcache_autotune.py);
-without choices none of these is set.
+without choices none of these is set. When a bundle installed vLLM's torch.compile artifact (the compile path,
+enginecompile.py), ``VLLM_CACHE_ROOT`` points at it and ``VLLM_FORCE_AOT_LOAD=1`` makes a miss fail loudly.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..bundle.trust import Policy, policy
 from ..cachedir import CacheDir, recover
 from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
 from ..hooks import kernelcache_autotune, kernelcache_tritonkey
-from . import flashinfer
+from . import flashinfer_env
 from .match import check as check_served
 from .served import remember_served, snapshot
 from .shell import exec_command, shell_exports
@@ -34,7 +35,7 @@ from .shell import exec_command, shell_exports
 def environment(cache: CacheDir) -> dict[str, str]:
     """The variables that make Triton and FlashInfer use the installed cache ``cache``."""
     variables = {"TRITON_CACHE_DIR": str(cache.root)}
-    variables.update(flashinfer.environment(cache.root))
+    variables.update(flashinfer_env.environment(cache.root))
     variables.update(triton_key_environment(cache, variables))
     variables.update(autotune_environment(cache, variables))
     variables.update(enginecompile.environment(cache.root))
@@ -68,7 +69,7 @@ def site_path(variables: dict[str, str]) -> str:
 
     current = variables.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     entries = [p for p in current.split(os.pathsep) if p and p != str(SITE_DIR)]
-    providers = [p for p in entries if flashinfer.is_site_path(p)]
+    providers = [p for p in entries if flashinfer_env.is_site_path(p)]
     path = [*providers, str(SITE_DIR), *(p for p in entries if p not in providers)]
     return os.pathsep.join(dict.fromkeys(path))
 
@@ -196,7 +197,7 @@ def activate(*, bundle: str | os.PathLike | None = None, cache_dir: str | os.Pat
         raise UsageError(f"cache dir {cache.root} does not exist; install a bundle into it first (or pass bundle=...)")
     variables = prepare(bundle, cache, force, policy(require_signature, trusted_keys) if bundle else None)
     _refuse_if_pinned(variables["TRITON_CACHE_DIR"])
-    if any(flashinfer.is_site_path(p) for p in variables.get("PYTHONPATH", "").split(os.pathsep)):
+    if any(flashinfer_env.is_site_path(p) for p in variables.get("PYTHONPATH", "").split(os.pathsep)):
         _refuse_if_flashinfer_loaded()
     os.environ.update(variables)
     _extend_sys_path(variables.get("PYTHONPATH", ""))
