@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .cachedir import STATE_DIR, CacheDir, resolve_cache_dir
+from .cachedir import STATE_DIR, CacheDir
 from .errors import (
     CompilesDetected,
     FlashInferUnverified,
@@ -180,7 +180,7 @@ def verify(bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike
             root = Path(cache_dir) if cache_dir else scratch / "cache"
             install(bundle, root)
         else:
-            root = resolve_cache_dir(cache_dir)
+            root = CacheDir.at(cache_dir).root
             bundle_manifest = _installed_manifest(root)
         engine = _engine(bundle_manifest, root, checked=bundle is not None)
         plan = recorded_plan(bundle_manifest, recipe, overrides or PlanOverrides.of(**flags))

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import BundleManifestError, IntegrityError, StorageError
-from .layout import FLASHINFER_SITE_DIR
+from .layout import FLASHINFER_SITE_DIR, SITE_PREFIX
 from .state import STATE_DIR, CacheDir
 
 if TYPE_CHECKING:  # `kernelcache env` imports this module on every pod start; the manifest only where read
@@ -170,13 +170,13 @@ def ensure_site(cache_dir: Path, found: list[Provider]) -> Path:
     files = site_files(found)
     digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
     parent = Path(cache_dir) / STATE_DIR / SITE_DIR
-    site = parent / f"site-{digest}"
+    site = parent / f"{SITE_PREFIX}{digest}"
     if site.is_dir():
         return site
     staging = None
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".site-", dir=parent))
+        staging = Path(tempfile.mkdtemp(prefix=f".{SITE_PREFIX}", dir=parent))
         for rel, text in files.items():
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             (staging / rel).write_text(text)
