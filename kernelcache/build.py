@@ -112,7 +112,8 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
           **flags) -> BuildResult:
     """Build one bundle per GPU profile of ``arch`` from a recipe (``overrides`` change its plan).
 
-    ``flags``: the fields of ``PlanOverrides`` as keywords (``gpus=["h200"], paths=["mrv2"]``), for short.
+    ``flags``: the fields of ``PlanOverrides`` and the families' flags as keywords (``gpus=["h200"], paths=["mrv2"]``,
+    ``gdn_prefill_backend="triton"``), for short.
     ``from_misses``: overlay miss logs (``kernelcache run --read-only``) whose misses for this arch are
     compiled again, so the next bundle covers them. ``target_env``: a fingerprint file of the serving
     environment (``kernelcache fingerprint --json``); the build stops before compiling anything if
@@ -125,8 +126,8 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
     arch = capability_to_arch(flag_capability(arch))
     signer = load_signing_key(sign) if sign is not None else None
     there = _load_target_env(target_env)
-    plan = planned(arch, recipe, overrides or PlanOverrides(**flags))
-    served = _served_locally(plan, recipe, overrides or PlanOverrides(**flags))
+    plan = planned(arch, recipe, overrides or PlanOverrides.of(**flags))
+    served = _served_locally(plan, recipe, overrides or PlanOverrides.of(**flags))
     cache = resolve_build_cache(build_cache)
     targets = plan_targets(plan, arch, mode, visible_gpus() if mode != "cross" else [])
     if there is not None:

@@ -183,7 +183,7 @@ def verify(bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike
             root = CacheDir.at(cache_dir).root
             bundle_manifest = _installed_manifest(root)
         engine = _engine(bundle_manifest, root, checked=bundle is not None)
-        plan = recorded_plan(bundle_manifest, recipe, overrides or PlanOverrides(**flags))
+        plan = recorded_plan(bundle_manifest, recipe, overrides or PlanOverrides.of(**flags))
         plan = replace(plan, paths=tuple(p for p in plan.paths if p != "compile"))
         report = _verify_plan(plan, bundle_manifest, root, scratch / "work", mode, jobs or os.cpu_count() or 1)
         return replace(report, engine=engine)

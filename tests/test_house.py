@@ -211,6 +211,26 @@ def site_imports(module: str) -> set[str]:
     return found
 
 
+def test_a_family_names_its_exercise_on_the_floor_above_and_the_plan_never_imports_it():
+    """The plan names each family's exercise entry as text (``Family.exercise``, ``module:function``), which
+    exercise/worker.py resolves in the exercise process: a reference up one floor that is no import. Drawn here, so
+    that the import test above sees the whole loop: each entry is a function of an exercise-floor module, and no plan
+    module imports it (the exercise module may import its family's declaration: down a floor)."""
+    from kernelcache.plan import families
+
+    edges = graph()
+    plan = layer("kernelcache.plan")
+    imported_by_plan = {target for name, targets in edges.items() if layer(name) == plan for target in targets}
+    named = [f for f in families.families() if f.exercise]
+    assert named
+    for family in named:
+        module, _, function = family.exercise.partition(":")
+        assert module in edges and layer(module) == layer("kernelcache.exercise"), family.exercise
+        defined = {n.name for n in ast.parse(modules()[module].read_text()).body if isinstance(n, ast.FunctionDef)}
+        assert function in defined, family.exercise
+        assert module not in imported_by_plan, f"the plan imports {module}"
+
+
 def test_there_is_no_import_circle():
     edges = graph()
     seen: dict[str, int] = {}  # 1: on the current path, 2: done
