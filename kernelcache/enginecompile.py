@@ -27,12 +27,13 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from .cachedir.layout import VLLM_DIR
 from .errors import BuildFailed, EngineCompileMismatch, MissingDependency
 from .format.manifest import Member
 
 ROOT = "vllm-compile"  # the bundle's top dir for it: vllm-compile/<sha16>/{compile.json,torch_compile_cache.tar}
 RECORD, TREE = "compile.json", "torch_compile_cache.tar"
-CACHE_ROOT = "vllm"  # under the cache dir: VLLM_CACHE_ROOT of a served process
+CACHE_ROOT = VLLM_DIR  # under the cache dir: VLLM_CACHE_ROOT of a served process
 FORCE = "VLLM_FORCE_AOT_LOAD"
 NO_GPU_TUNING = ("VLLM_ENABLE_INDUCTOR_MAX_AUTOTUNE", "VLLM_ENABLE_INDUCTOR_COORDINATE_DESCENT_TUNING")
 
@@ -91,9 +92,9 @@ def build_artifact(args: list[str], shown: str, profile, work: Path,
               "tokens": report["tokens"], "left_out": report["left_out"],
               "tree_sha256": hashlib.sha256(data).hexdigest(),
               "hf_config": _model_config(args), **report["named"]}
-    vllm_key = hashlib.sha256(str([*record["factors"], record["model_hash_key"]]).encode()).hexdigest()
-    if vllm_key != record["hash_dir"]:  # vllm/compilation/decorators.py names the directory so
-        raise BuildFailed(f"the named factors hash to {vllm_key[:12]}, and vLLM saved {record['hash_dir'][:12]}")
+    if record["key"] != record["hash_dir"]:  # the factors recorded are the ones vLLM named its directory by
+        raise BuildFailed(f"vLLM's factors hash to {record['key'][:12]} after the compile, and vLLM saved "
+                          f"{record['hash_dir'][:12]}")
     text = json.dumps(record, sort_keys=True, indent=1).encode()
     tag = hashlib.sha256(text).hexdigest()[:16]
     return record, [Member(f"{ROOT}/{tag}/{RECORD}", data=text), Member(f"{ROOT}/{tag}/{TREE}", data=data)]

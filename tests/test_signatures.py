@@ -280,6 +280,25 @@ def test_a_signing_key_that_is_not_one_is_refused_before_anything_is_read(small_
     assert len(done.stderr.strip().splitlines()) == 1 and not Path(f"{bundle}.sig").exists()
 
 
+@pytest.mark.parametrize("wanted, label, wrong_hint", [
+    ("trusted", "PUBLIC KEY", "sign with the private one"),
+    ("signing", "PRIVATE KEY", "trust its public half"),
+])
+def test_a_damaged_key_of_the_right_kind_is_not_called_the_other_kind(wanted, label, wrong_hint, tmp_path):
+    """A PEM file of the wanted label whose body does not parse: the message says it is not a PEM key of that kind
+    and gives cryptography's error whole, not the hint for a key of the other kind (issue 41)."""
+    from kernelcache.bundle.signature import load_public_key, load_signing_key
+
+    path = tmp_path / "damaged.pem"
+    path.write_text(f"-----BEGIN {label}-----\nnot a key\n-----END {label}-----\n")
+    load = load_public_key if wanted == "trusted" else load_signing_key
+    with pytest.raises(KeyFileError) as raised:
+        load(path)
+    message = str(raised.value)
+    assert f"is not a PEM {label.split()[0].lower()} key (" in message and wrong_hint not in message, message
+    assert message.endswith(")"), message
+
+
 def test_keys_made_as_deploying_md_says_work(small_bundle, tmp_path):
     openssl = shutil.which("openssl")
     if openssl is None:

@@ -159,7 +159,7 @@ def public_key(data: bytes, path: str | os.PathLike) -> PublicKey:
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError) as exc:
-        raise KeyFileError(f"{path} is not a PEM public key{_hint(data, exc)}") from None
+        raise KeyFileError(f"{path} is not a PEM public key{_hint(data, exc, wanted='public')}") from None
     return _public(key, path)
 
 
@@ -173,7 +173,7 @@ def load_signing_key(path: str | os.PathLike) -> SigningKey:
         raise KeyFileError(f"{path} is an encrypted private key; kernelcache reads unencrypted PEM keys (keep "
                            "the key in the CI job's secret store instead)") from None
     except ValueError as exc:
-        raise KeyFileError(f"{path} is not a PEM private key{_hint(data, exc)}") from None
+        raise KeyFileError(f"{path} is not a PEM private key{_hint(data, exc, wanted='private')}") from None
     return SigningKey(_public(key.public_key(), path), key)
 
 
@@ -205,13 +205,15 @@ def _public(key, path: str | os.PathLike) -> PublicKey:
     return PublicKey(fingerprint_der(der), algorithm, key)
 
 
-def _hint(data: bytes, exc: Exception) -> str:
+def _hint(data: bytes, exc: Exception, wanted: str) -> str:
+    """Why a key file of the ``wanted`` kind ("public" or "private") did not load: the other kind's PEM label names
+    the mix-up; a file of the wanted label whose body does not parse gets cryptography's error, whole."""
     if b"ENCRYPTED SIGSTORE PRIVATE KEY" in data or b"ENCRYPTED COSIGN PRIVATE KEY" in data:
         return (": it is a cosign-encrypted key, which only cosign reads; make the key pair with openssl and "
                 "`cosign import-key-pair` it (docs/DEPLOYING.md)")
-    if b"PRIVATE KEY-----" in data:
+    if wanted == "public" and b"PRIVATE KEY-----" in data:
         return ": it is a private key; trust its public half (openssl pkey -in KEY -pubout)"
-    if b"PUBLIC KEY-----" in data:
+    if wanted == "private" and b"PUBLIC KEY-----" in data:
         return ": it is a public key; sign with the private one"
     return f" ({' '.join(str(exc).split())})" if str(exc) else ""  # whole: a cut one ended mid-word
 

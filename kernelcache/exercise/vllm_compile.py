@@ -117,6 +117,19 @@ def named_factors(config: Any) -> dict:
             "python": platform.python_version(), "torch": torch.__version__, "vllm": vllm.__version__}
 
 
+def directory_key(config: Any, model_key: str) -> str:
+    """The AOT directory's name as vLLM 0.33 makes it (vllm/compilation/decorators.py): the sha256 of ``str()`` of
+    the factors as they are (with the mega artifact some are dicts, whose ``str`` is not their strings')."""
+    import hashlib
+
+    from vllm.compilation.caching import aot_compile_hash_factors
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(config):
+        factors = list(aot_compile_hash_factors(config))
+    return hashlib.sha256(str([*factors, model_key]).encode()).hexdigest()
+
+
 def define_missing_c_ops() -> list[str]:
     """vLLM's compile passes name ``torch.ops._C`` ops at import (``passes/fusion/matcher_utils.py``:
     ``ROTARY_OP = torch.ops._C.rotary_embedding.default``, the norm and quant ops). Where vLLM's ``_C`` extension
@@ -195,6 +208,7 @@ def build(request: dict) -> dict:
         positions = torch.zeros(tokens, dtype=torch.int64, device="cuda")
     report["named"] = named_factors(config)
     report["named"]["model_hash_key"] = _model_key(model)
+    report["named"]["key"] = directory_key(config, report["named"]["model_hash_key"])
     try:
         first_call(model, config, ids, positions)
     except Exception as exc:  # noqa: BLE001 -- vLLM runs the graph once after saving; no device runs it here

@@ -15,8 +15,8 @@ that did) and hands back a stand-in module whose functions do nothing (a ``plan`
 plan-info vector), so ``plan()`` and ``run()`` go on. In a build (``BUILD_VARIABLE``) each recorded nvcc spec is
 then built for the target by FlashInfer's own ``JitSpec.build`` in this process; FlashInfer's environment decides
 the arch (``FLASHINFER_CUDA_ARCH_LIST``), the toolkit (``CUDA_HOME``) and where it builds
-(``FLASHINFER_WORKSPACE_BASE``: exercise/flashinfer.py ``workspace_dir``, kept between builds). The built module
-records its sources: its own and every FlashInfer header (``data/csrc``, ``data/include``) ninja saw it read.
+(``FLASHINFER_WORKSPACE_BASE``: exercise/flashinfer_sampling.py ``workspace_dir``, kept between builds). The built
+module records its sources: its own and every FlashInfer header (``data/csrc``, ``data/include``) ninja saw it read.
 In native mode (a GPU) FlashInfer builds and loads for real and the task only records.
 
 What FlashInfer does not build with nvcc is recorded as left out, with the reason:

@@ -1,5 +1,5 @@
 """The sampler families: vLLM's JIT warmup registry, the V1 (MRV1) sampler, Model Runner V2's Gumbel sampler
-(exercise/vllm_sampler.py), and the FlashInfer sampling module (exercise/flashinfer.py, built beside the Triton
+(exercise/vllm_sampler.py), and the FlashInfer sampling module (exercise/flashinfer_sampling.py, built beside the Triton
 tasks). The processed paths (registry, mrv1) run on float32 logits."""
 
 from __future__ import annotations
