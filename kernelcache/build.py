@@ -112,12 +112,13 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
           **flags) -> BuildResult:
     """Build one bundle per GPU profile of ``arch`` from a recipe (``overrides`` change its plan).
 
-    ``flags``: the fields of ``PlanOverrides`` as keywords (``gpus=["h200"], paths=["mrv2"]``), for short.
+    ``flags``: the fields of ``PlanOverrides`` and the families' flags as keywords (``gpus=["h200"], paths=["mrv2"]``,
+    ``gdn_prefill_backend="triton"``), for short.
     ``from_misses``: overlay miss logs (``kernelcache run --read-only``) whose misses for this arch are
     compiled again, so the next bundle covers them. ``target_env``: a fingerprint file of the serving
     environment (``kernelcache fingerprint --json``); the build stops before compiling anything if
     ``install`` would refuse its bundles there. A cross build of FlashInfer's module fetches its CUDA
-    toolchain first when none is here (exercise/flashinfer.py: ``ensure_toolchain``). ``sign``: a private key
+    toolchain first when none is here (exercise/flashinfer_sampling.py: ``ensure_toolchain``). ``sign``: a private key
     file that signs each bundle (``kernelcache sign``), read before anything is compiled. ``build_cache``: a
     directory or URL to take compiled kernels from and publish them to, False for none, None for the default
     (``KERNELCACHE_BUILD_CACHE``, else the user cache dir; buildcache/__init__.py).
@@ -125,8 +126,8 @@ def build(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanOve
     arch = capability_to_arch(flag_capability(arch))
     signer = load_signing_key(sign) if sign is not None else None
     there = _load_target_env(target_env)
-    plan = planned(arch, recipe, overrides or PlanOverrides(**flags))
-    served = _served_locally(plan, recipe, overrides or PlanOverrides(**flags))
+    plan = planned(arch, recipe, overrides or PlanOverrides.of(**flags))
+    served = _served_locally(plan, recipe, overrides or PlanOverrides.of(**flags))
     cache = resolve_build_cache(build_cache)
     targets = plan_targets(plan, arch, mode, visible_gpus() if mode != "cross" else [])
     if there is not None:
@@ -450,13 +451,13 @@ def walks_of(results: tuple[WorkerResult, ...]) -> dict | None:
 def _flashinfer_modules(plan: BuildPlan, target: BuildTarget, work: Path,
                         cache: BuildCacheSpec | None = None) -> tuple[tuple, str | None]:
     """FlashInfer's ``sampling`` module: built for the arch (cross; taken from the build cache when it has it), or
-    what vLLM's path JIT-built (native); and what the build cache did (buildcache/flashinfer.py)."""
+    what vLLM's path JIT-built (native); and what the build cache did (buildcache/flashinfer_modules.py)."""
     if not any(p in families.flashinfer("built") for p in plan.paths):
         return (), None
     if target.mode == "native":
         return flashinfer_jit_module(plan, target, work), None
-    from .buildcache.flashinfer import module_key, take_or_build
-    from .exercise import flashinfer as fi_build
+    from .buildcache.flashinfer_modules import module_key, take_or_build
+    from .exercise import flashinfer_sampling as fi_build
 
     key = module_key(fi_build.arch_list(target.arch), fi_build.ensure_toolchain().cuda)
     built, outcome = take_or_build(cache, key, lambda: fi_build.build_sampling(
@@ -469,7 +470,7 @@ def flashinfer_attention_modules(results: tuple[WorkerResult, ...], target: Buil
     flashinfer_attention's, exercise/vllm_flashinfer.py), as (module,
     members) pairs, each URI once; and what they left out, as skipped records (``path``: ``flashinfer/<name>``,
     ``reason``)."""
-    from .exercise import flashinfer as fi_build
+    from .exercise import flashinfer_sampling as fi_build
 
     modules: dict[str, tuple] = {}
     left_out: dict[str, str] = {}

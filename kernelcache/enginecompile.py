@@ -27,12 +27,13 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from .cachedir.layout import VLLM_DIR
 from .errors import BuildFailed, EngineCompileMismatch, MissingDependency
 from .format.manifest import Member
 
 ROOT = "vllm-compile"  # the bundle's top dir for it: vllm-compile/<sha16>/{compile.json,torch_compile_cache.tar}
 RECORD, TREE = "compile.json", "torch_compile_cache.tar"
-CACHE_ROOT = "vllm"  # under the cache dir: VLLM_CACHE_ROOT of a served process
+CACHE_ROOT = VLLM_DIR  # under the cache dir: VLLM_CACHE_ROOT of a served process
 FORCE = "VLLM_FORCE_AOT_LOAD"
 NO_GPU_TUNING = ("VLLM_ENABLE_INDUCTOR_MAX_AUTOTUNE", "VLLM_ENABLE_INDUCTOR_COORDINATE_DESCENT_TUNING")
 

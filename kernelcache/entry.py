@@ -16,8 +16,8 @@ these forms and calls the same Python API the click commands call:
 * ``run [--bundle B] [--cache-dir D] [--strict] [--require-signature] [--trusted-key K]... [--] COMMAND...``:
   compare a ``vllm serve`` COMMAND with the installed bundles' (runtime/match.py), then exec COMMAND with those kept
   variables (with ``--bundle``, only when that bundle's no-op is answered from its record too, under
-  the same signature policy), else ``runtime.env.run``'s work (``prepare_at``, told whether the bundle's record was
-  asked already, so one command asks it once).
+  the same signature policy: asked once, before the installer is loaded), else ``runtime.env.run``'s work
+  (``prepare``, with the bundle installed first where the answer was no).
 * ``--version``: what click's ``version_option`` prints (``kernelcache, version 0.1.0``), from the package alone.
 
 Anything else (another verb or option, ``--help``, a ``--cache-dir`` click's parser refuses) and any error
@@ -127,9 +127,10 @@ def _install(options: dict, positionals: list[str]) -> bool:
     check_gpu = not options.get("--no-gpu-check")
     signature_policy = _policy(options)
     wanted = {"arch": options.get("--arch"), "gpu": options.get("--gpu")}  # what the bundle must be built for
-    found = find_checked(positionals[0], _root(options), check_gpu, signature_policy, **wanted)
+    root = _root(options)
+    found = find_checked(positionals[0], root, check_gpu, signature_policy, **wanted)
     if found is None:
-        return _install_now(positionals[0], _root(options), check_gpu, bool(options.get("--json")), signature_policy,
+        return _install_now(positionals[0], root, check_gpu, bool(options.get("--json")), signature_policy,
                             **wanted)
     root, digest, warnings, signature, choices = found
     _render_install({"cache_dir": str(root), "digest": digest, "action": "already-installed", "written": 0,
@@ -137,6 +138,27 @@ def _install(options: dict, positionals: list[str]) -> bool:
                      "choices": choices},
                     bool(options.get("--json")))
     return True
+
+
+def _prepare(root: str) -> dict[str, str]:
+    """``runtime.env.prepare`` of the cache dir ``root`` (no bundle): interrupted installs finished, its variables
+    computed and kept for the next start."""
+    from pathlib import Path
+
+    from .cachedir import CacheDir
+    from .runtime.env import prepare
+
+    return prepare(None, CacheDir(Path(root)))
+
+
+def _install_for_run(bundle: str, root: str, signature_policy) -> None:
+    """``run --bundle``'s install, as ``runtime.env.install_checked`` makes it once its question was answered no."""
+    from pathlib import Path
+
+    from .cachedir import CacheDir
+    from .install import install_into
+
+    install_into(bundle, CacheDir(Path(root)), signature_policy=signature_policy)
 
 
 def _not_a_dir(root: str) -> bool:
@@ -165,7 +187,7 @@ def _install_now(bundle: str, root: str, check_gpu: bool, as_json: bool, signatu
 
         limits = Limits.from_env()  # as cli.options.make_limits, with no --max-* flags
         result = install_into(bundle, CacheDir(Path(root)), check_gpu=check_gpu, limits=limits, arch=arch, gpu=gpu,
-                              signature_policy=signature_policy, asked=True).to_dict()
+                              signature_policy=signature_policy).to_dict()
     except (KernelcacheError, OSError) as exc:
         from .cli import fail
 
@@ -188,14 +210,12 @@ def _env(options: dict, positionals: list[str]) -> bool:
         return False
     from .runtime.served import find_served
 
-    variables = find_served(_root(options))
-    if variables is None:
-        from .runtime.env import env
-
-        found = env(options.get("--cache-dir"))
-        for warning in found.warnings:
-            print(f"warning: {warning}", file=sys.stderr)
-        variables = found.variables
+    root = _root(options)
+    variables = find_served(root)
+    if variables is None:  # runtime.env.env's work, on the cache dir resolved once
+        if _not_a_dir(root):
+            return False
+        variables = _prepare(root)
     if options.get("--json"):
         import json
 
@@ -214,22 +234,19 @@ def _run(options: dict, command: list[str]) -> bool:
     from .runtime.served import find_served
 
     variables = find_served(root)
-    signature_policy = _policy(options) if bundle is not None else None
-    asked = variables is not None and bundle is not None
-    if asked:
+    if bundle is not None:  # asked once: was it accepted here before under what holds now?
         from .cachedir.checked import find_checked
 
+        signature_policy = _policy(options)
         if find_checked(bundle, root, policy=signature_policy) is None:
+            if _not_a_dir(root):
+                return False
+            _install_for_run(bundle, root, signature_policy)
             variables = None
-    if variables is None:  # runtime.env.run's work, told whether the bundle's record was asked already
+    if variables is None:  # runtime.env.run's work, after the install
         if _not_a_dir(root):
             return False
-        from pathlib import Path
-
-        from .cachedir import CacheDir
-        from .runtime.env import prepare_at
-
-        variables = prepare_at(bundle, CacheDir(Path(root)), False, signature_policy, asked)[1]
+        variables = _prepare(root)
     from .runtime.match import check
     from .runtime.shell import exec_command
 

@@ -45,9 +45,10 @@ from pathlib import Path
 from .bundle.signature import SignatureInfo, check_file
 from .bundle.trust import NO_POLICY, Policy, policy, signature_path
 from .cachedir import CacheDir, Journal, Receipt, atomic_write, publish_entries, recover
-from .cachedir.checked import bundle_identity, find_checked, remember_checked
+from .cachedir.checked import Checked, bundle_identity, find_checked, remember_checked
 from .cachedir.fingerprints import load_fingerprint, save_fingerprint, save_triton_key, seed_triton_key
 from .cachedir.flashinfer_site import write_site
+from .cachedir.layout import LOCK, SKELETON
 from .errors import (
     ArchMismatch,
     EntryError,
@@ -203,11 +204,11 @@ def remove_skeleton(cache: CacheDir, made: list[Path]) -> None:
     ``staging``, ``installed`` and ``journal`` dirs). A journal that stays (publishing began) keeps everything."""
     if cache.state not in made:
         return
-    for sub in ("staging", "installed", "journal"):
+    for sub in SKELETON:
         with contextlib.suppress(OSError):
             (cache.state / sub).rmdir()
     with contextlib.suppress(OSError):
-        (cache.state / "lock").unlink()
+        (cache.state / LOCK).unlink()
     for folder in made:
         with contextlib.suppress(OSError):
             folder.rmdir()  # only when empty: anything another process wrote meanwhile stays
@@ -359,16 +360,26 @@ def install(bundle: str | os.PathLike, cache_dir: str | os.PathLike | None = Non
     (bundle/trust.py). ``--force`` does not override a signature policy. ``serve``: the command the server runs, which
     a bundle's compile artifact is checked against (vLLM's hash of it here; default: the bundle's serve command).
     """
-    return install_into(bundle, CacheDir.at(cache_dir), force, check_gpu, limits, arch, gpu,
-                        policy(require_signature, trusted_keys), serve=serve)
+    cache, signature_policy = CacheDir.at(cache_dir), policy(require_signature, trusted_keys)
+    if limits is None:  # a bundle given explicit limits is read again under them
+        found = find_checked(bundle, cache.root, check_gpu, signature_policy, arch, gpu)
+        if found is not None:
+            return checked_result(found)
+    return install_into(bundle, cache, force, check_gpu, limits, arch, gpu, signature_policy, serve=serve)
+
+
+def checked_result(found: Checked) -> InstallResult:
+    """The no-op install's result, from the record of the check that accepted the bundle here before."""
+    return InstallResult(Path(found.cache_dir), found.digest, "already-installed", warnings=found.warnings,
+                         signature=SignatureInfo.from_dict(found.signature), choices=found.choices)
 
 
 def install_into(bundle: str | os.PathLike, cache: CacheDir, force: bool = False, check_gpu: bool = True,
                  limits: archive.Limits | None = None, arch: str | None = None, gpu: str | None = None,
-                 signature_policy: Policy = NO_POLICY, asked: bool = False, serve: str | None = None) -> InstallResult:
-    """``install`` into a cache dir already resolved, under a signature policy already read. It alone asks
-    whether this bundle file was checked here before (cachedir/checked.py), unless the caller ``asked`` already
-    (a pod-start front door that asks first to leave the installer unloaded) and had no answer."""
+                 signature_policy: Policy = NO_POLICY, serve: str | None = None) -> InstallResult:
+    """``install`` into a cache dir already resolved, under a signature policy already read, once its caller asked
+    whether this bundle file was checked here before (cachedir/checked.py ``find_checked``: the command's front
+    door asks, once) and had no answer."""
     from .remote import check_target, check_wanted, is_remote, local_bundle
 
     source: str | os.PathLike = bundle
@@ -383,11 +394,6 @@ def install_into(bundle: str | os.PathLike, cache: CacheDir, force: bool = False
                                     signature=signature)
         if result is not None:
             return result
-    if limits is None and not asked:
-        found = find_checked(bundle, cache.root, check_gpu, signature_policy, arch, gpu)
-        if found is not None:
-            return InstallResult(Path(found.cache_dir), found.digest, "already-installed", warnings=found.warnings,
-                                 signature=SignatureInfo.from_dict(found.signature), choices=found.choices)
     with local_bundle(source, arch=arch, gpu=gpu) as path:
         # An oci:// download's bytes are the ones its checked signature names (the pinned manifest's layer digest).
         plan = plan_install_at(path, cache, force, check_gpu, limits, signature_policy, signature)
@@ -441,7 +447,7 @@ def entry_dirs(manifest: Manifest, choices: bool = True) -> list[str]:
 
 
 def _install_locked(plan: InstallPlan, cache: CacheDir) -> tuple[int, int]:
-    staging = cache.state / "staging" / f"{plan.digest[:16]}-{os.getpid()}"
+    staging = cache.staging / f"{plan.digest[:16]}-{os.getpid()}"
     journal = cache.journal_path(plan.digest)
     try:
         extracted = archive.extract(plan.bundle, staging, plan.limits,

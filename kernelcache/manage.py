@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from .bundle.signature import SignatureInfo, signature_info
-from .cachedir import STATE_DIR, CacheDir, Receipt, recover, resolve_cache_dir
+from .cachedir import STATE_DIR, CacheDir, Receipt, recover
 from .cachedir.checked import record_holds as checked_record_holds
-from .cachedir.layout import kept_records, leftover_names
+from .cachedir.layout import CHECKED, SERVED, kept_records, leftover_names
 from .cachedir.publish import withdraw
 from .errors import KernelcacheError, NotACacheDir, NotInstalled, StorageError, UsageError
 from .format.envscan import distribution_version
@@ -171,7 +171,7 @@ def _plain(value: Any) -> Any:
 
 def ls(cache_dir: str | os.PathLike | None = None) -> CacheListing:
     """The bundles installed in ``cache_dir`` (default as ``kernelcache install``). Reads only."""
-    cache = _existing(cache_dir)
+    cache = _existing(CacheDir.at(cache_dir))
     scan = cache.scan()
     warnings = [f"{path.name} is not a readable install receipt ({why}); its entries are unknown"
                 for path, why in scan.bad]
@@ -263,7 +263,7 @@ def blocking_differences(cache: CacheDir, manifest: Manifest) -> tuple[str, ...]
 def rm(bundle: str, cache_dir: str | os.PathLike | None = None) -> RemoveResult:
     """Remove the installed bundle named ``bundle`` (its name as ``ls`` shows it, its digest, or a prefix of at
     least 8 digits of it) and the entries no other installed bundle lists."""
-    cache = _writable(cache_dir)
+    cache = _writable(CacheDir.at(cache_dir))
     started = time.perf_counter()
     with _locked(cache, "remove from"):
         recover(cache, locked=True)
@@ -322,7 +322,8 @@ def prune(cache_dir: str | os.PathLike | None = None, dry_run: bool = False,
     installed bundle lists), finish or sweep what killed installs and removals left, and drop served and checked
     records that can never answer again or went unused for ``max_age_days`` (the newest served record stays: it
     says when the cache dir was last served). ``dry_run``: only say what, writing nothing."""
-    cache = _existing(cache_dir) if dry_run else _writable(cache_dir)
+    cache = CacheDir.at(cache_dir)
+    cache = _existing(cache) if dry_run else _writable(cache)
     started = time.perf_counter()
     receipts = _readable(cache)
     differences = {r.digest: blocking_differences(cache, r.manifest) for r in receipts}  # outside the lock: slow
@@ -359,9 +360,9 @@ def _stale_records(cache: CacheDir, max_age_days: float) -> list[str]:
     mtime is when the cache dir was last served (``ls``)."""
     oldest = time.time() - max_age_days * _DAY
     stale = []
-    for sub, holds in (("served", served_record_holds), ("checked", checked_record_holds)):
+    for sub, holds in ((SERVED, served_record_holds), (CHECKED, checked_record_holds)):
         found = kept_records(os.fspath(cache.root), sub)
-        for path, mtime in found[1:] if sub == "served" else found:
+        for path, mtime in found[1:] if sub == SERVED else found:
             if mtime < oldest or not holds(path):
                 stale.append(f"{sub}/{os.path.basename(path)}")
     return stale
@@ -370,20 +371,19 @@ def _stale_records(cache: CacheDir, max_age_days: float) -> list[str]:
 # -- shared ------------------------------------------------------------------------------------------
 
 
-def _existing(cache_dir: str | os.PathLike | None) -> CacheDir:
+def _existing(cache: CacheDir) -> CacheDir:
     """The cache dir, which must exist and hold kernelcache's state (``NotACacheDir`` otherwise)."""
-    root = resolve_cache_dir(cache_dir)
+    root = cache.root
     if not root.is_dir():
         raise NotACacheDir(f"cache dir {root} does not exist")
-    cache = CacheDir(root)
     if not cache.state.is_dir():
         raise NotACacheDir(f"{root} is not a kernelcache cache dir: it has no {STATE_DIR}/ (kernelcache install "
                            "makes one)")
     return cache
 
 
-def _writable(cache_dir: str | os.PathLike | None) -> CacheDir:
-    cache = _existing(cache_dir)
+def _writable(cache: CacheDir) -> CacheDir:
+    cache = _existing(cache)
     if not (os.access(cache.root, os.W_OK) and os.access(cache.state, os.W_OK)):
         raise StorageError(f"cannot remove anything from {cache.root}: it is read-only here")
     return cache

@@ -13,7 +13,7 @@ raises a ``KernelcacheError`` of its own exit code (docs/FORMAT.md):
 * vLLM (and FlashInfer, where the plan has a FlashInfer path) importable, in a child process of this
   interpreter as the exercise processes will import them (34, with the error the import raised);
 * the CUDA toolchain that builds FlashInfer's modules, for a cross target of a FlashInfer path (33;
-  exercise/flashinfer.py ``ensure_toolchain``, which fetches it when it is missing).
+  exercise/flashinfer_sampling.py ``ensure_toolchain``, which fetches it when it is missing).
 
 A pass of the slow rows (the import, the RECORD hashes) is remembered under
 ``$XDG_CACHE_HOME/kernelcache/preflight/`` (``~/.cache/kernelcache/preflight``), keyed by this interpreter and every
@@ -111,7 +111,7 @@ def _imports(plan: BuildPlan, targets: Sequence[BuildTarget]) -> None:
 
 
 def _toolchain(plan: BuildPlan, targets: Sequence[BuildTarget]) -> None:
-    from .exercise.flashinfer import ensure_toolchain
+    from .exercise.flashinfer_sampling import ensure_toolchain
 
     ensure_toolchain()
 

@@ -2,7 +2,7 @@
 per use, each named once here:
 
 * ``build``: the build cache's default location (buildcache/);
-* ``toolchains``: FlashInfer's CUDA toolchain (exercise/flashinfer.py);
+* ``toolchains``: FlashInfer's CUDA toolchain (exercise/flashinfer_sampling.py);
 * ``libcuda-stub``: the fake target's driver stub (exercise/fake_target.py);
 * ``preflight``: the preflights that passed (preflight.py);
 * ``serve``: vLLM's configurations of serve commands and the model configs they read (exercise/vllm_serve.py,

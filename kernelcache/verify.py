@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .cachedir import STATE_DIR, CacheDir, resolve_cache_dir
+from .cachedir import STATE_DIR, CacheDir
 from .errors import (
     CompilesDetected,
     FlashInferUnverified,
@@ -180,10 +180,10 @@ def verify(bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike
             root = Path(cache_dir) if cache_dir else scratch / "cache"
             install(bundle, root)
         else:
-            root = resolve_cache_dir(cache_dir)
+            root = CacheDir.at(cache_dir).root
             bundle_manifest = _installed_manifest(root)
         engine = _engine(bundle_manifest, root, checked=bundle is not None)
-        plan = recorded_plan(bundle_manifest, recipe, overrides or PlanOverrides(**flags))
+        plan = recorded_plan(bundle_manifest, recipe, overrides or PlanOverrides.of(**flags))
         plan = replace(plan, paths=tuple(p for p in plan.paths if p != "compile"))
         report = _verify_plan(plan, bundle_manifest, root, scratch / "work", mode, jobs or os.cpu_count() or 1)
         return replace(report, engine=engine)
@@ -314,7 +314,7 @@ def _check(plan, target: BuildTarget, root: Path, work: Path, jobs: int) -> tupl
 def _check_flashinfer(module: FlashInferModule, root: Path, mode: str) -> FlashInferCheck:
     """FlashInfer's own lookup and load of ``module`` from ``root`` in a fresh interpreter, JIT disabled."""
     from .exercise.flashinfer_probe import KNOWN
-    from .runtime import flashinfer as fi_runtime
+    from .runtime import flashinfer_env as fi_runtime
 
     on_gpu = mode != "cross" and _gpu_for(module) and module.name in KNOWN  # a URI module is loaded, not called
     env = {**os.environ, **fi_runtime.environment(root), "FLASHINFER_DISABLE_JIT": "1"}
@@ -352,7 +352,7 @@ def _arch_list(arch: str) -> str:
 
 def _cuda_runtime() -> str | None:
     """A CUDA runtime library to load the module with where torch brings none (CPU-only torch)."""
-    from .exercise.flashinfer import find_toolchain
+    from .exercise.flashinfer_sampling import find_toolchain
 
     try:
         path = find_toolchain().root / "lib" / "libcudart.so.13"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepare .carry/flashinfer/ (git-ignored) for scripts/gpu_flashinfer_check.py on a GPU machine with no network:
+# Prepare .carry/flashinfer/ (git-ignored) for scripts/gpu/flashinfer_check.py on a GPU machine with no network:
 #   fi-sm_90.tar.zst  a kernelcache bundle: FlashInfer's sampling module built HERE, without a GPU, for sm_90 (90a)
 #   site.tar.xz       flashinfer-python without its C++/CUDA sources and headers (a JIT-disabled load reads none),
 #                     plus wheels for the target Python: apache-tvm-ffi, nvidia-ml-py, packaging, tqdm and
@@ -27,7 +27,7 @@ from kernelcache.version import __version__
 from kernelcache.format.fingerprint import local_environment
 from kernelcache.bundle.make import make_bundle
 from kernelcache.format.manifest import Build, Target
-from kernelcache.exercise.flashinfer import build_sampling
+from kernelcache.exercise.flashinfer_sampling import build_sampling
 
 started = time.perf_counter()
 module, members = build_sampling("sm_90", Path(sys.argv[1]), jobs=2)
@@ -58,4 +58,4 @@ total=$(du -cb "$OUT"/* | tail -1 | cut -f1)
 du -b "$OUT"/*
 echo "total $((total / 1024)) KiB in $OUT (limit ${LIMIT_MIB} MiB with the repo)"
 [ "$total" -lt $((LIMIT_MIB * 1024 * 1024)) ] || { echo "error: $OUT is over ${LIMIT_MIB} MiB" >&2; exit 1; }
-echo 'on the GPU machine, from the repo root (carry: .carry/flashinfer):  python3 scripts/gpu_flashinfer_check.py'
+echo 'on the GPU machine, from the repo root (carry: .carry/flashinfer):  python3 scripts/gpu/flashinfer_check.py'

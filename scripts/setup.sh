@@ -86,10 +86,10 @@ else
 fi
 
 # The pip CUDA 13.0 toolchain that builds FlashInfer's sampling module, in a directory of its own
-# (kernelcache/exercise/flashinfer.py: setup_toolchain). `kernelcache build` provisions it by itself when
+# (kernelcache/exercise/flashinfer_sampling.py: setup_toolchain). `kernelcache build` provisions it by itself when
 # missing; fetching it here keeps the tests' timings honest. KERNELCACHE_SETUP_FLASHINFER=0 skips it.
 if [ "${KERNELCACHE_SETUP_FLASHINFER:-1}" = 1 ]; then
-  "$VENV/bin/python" -c "from kernelcache.exercise.flashinfer import setup_toolchain; setup_toolchain()"
+  "$VENV/bin/python" -c "from kernelcache.exercise.flashinfer_sampling import setup_toolchain; setup_toolchain()"
 fi
 
 [ "${KERNELCACHE_SETUP_DEV:-1}" = 1 ] || exit 0

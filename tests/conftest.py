@@ -78,14 +78,14 @@ def sampling90(tmp_path_factory, build_cache):
     ``build_sampling`` in its kept work dir then finds nothing to do and returns the module and members. The entry
     it published is then put in the session's build cache too: a later build there of the same FlashInfer release
     (tests/test_serving_stack.py, tests/test_uv_vllm_flashinfer.py) takes it instead of running nvcc again (its key
-    names the release, toolchain, compilers and arch, no venv: buildcache/flashinfer.py ``module_key``).
+    names the release, toolchain, compilers and arch, no venv: buildcache/flashinfer_modules.py ``module_key``).
     KERNELCACHE_TEST_FLASHINFER_WORKDIR keeps a build dir between runs while developing; CI leaves it unset.
     """
     from helpers.flashinfer import require_flashinfer
 
     require_flashinfer()
     from kernelcache.buildcache.store import SUFFIX, DirStore
-    from kernelcache.exercise.flashinfer import build_sampling
+    from kernelcache.exercise.flashinfer_sampling import build_sampling
 
     if os.environ.get("KERNELCACHE_TEST_FLASHINFER_WORKDIR"):
         workdir = Path(os.environ["KERNELCACHE_TEST_FLASHINFER_WORKDIR"])

@@ -21,7 +21,7 @@ import pytest
 from helpers.common import ROOT, TESTKERNELS, clean_env, kc
 
 import kernelcache
-from kernelcache.buildcache import entry as blobs
+from kernelcache.buildcache import blob as blobs
 from kernelcache.buildcache.store import DirStore
 
 pytest.importorskip("vllm")

@@ -37,7 +37,7 @@ VARIANTS = {"base": {}, "head64": {"head_size": 64}, "fp16": {"dtype": "float16"
 
 def run_tasks(tmp: Path, capability: int, tasks: dict[str, dict]) -> dict[str, dict]:
     """One cross-mode exercise process for ``capability`` running the task once per entry: label -> summary."""
-    from kernelcache.exercise.flashinfer import arch_list, find_toolchain
+    from kernelcache.exercise.flashinfer_sampling import arch_list, find_toolchain
 
     env = {"FLASHINFER_CUDA_ARCH_LIST": arch_list(f"sm_{capability}"), "CUDA_HOME": str(find_toolchain().root),
            "FLASHINFER_WORKSPACE_BASE": str(tmp / "fi")}

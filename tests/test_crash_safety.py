@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 from helpers.cachecheck import bundle_state, expected_bytes, has_receipt, leftovers
 
-from kernelcache.cachedir import recover
+from kernelcache.cachedir import CacheDir, recover
 from kernelcache.format import archive
 from kernelcache.install import InstallPlan
 
@@ -151,7 +151,7 @@ def test_sigkill_at_random_points_never_corrupts_and_the_next_install_completes(
         seen[key] = seen.get(key, 0) + 1
 
         if cache.exists():
-            recover(cache)
+            recover(CacheDir(cache))
             assert bundle_state(cache, manifest, expected) == ("all" if left["journal"] else after_kill)
             assert leftovers(cache) == {"staging": [], "journal": [], "temp": []}
         make_plan(bundle, manifest, cache).execute()
@@ -177,9 +177,9 @@ def test_kills_during_recovery_itself_still_converge(subject, tmp_path):
         assert ended == "killed"
         assert leftovers(cache)["journal"]
         for _ in range(3):
-            fork_run(lambda cache=cache: recover(cache), kill_at=rng.randint(1, 40))
+            fork_run(lambda cache=cache: recover(CacheDir(cache)), kill_at=rng.randint(1, 40))
             bundle_state(cache, manifest, expected)  # never partial, whatever the state
-        recover(cache)
+        recover(CacheDir(cache))
         assert bundle_state(cache, manifest, expected) == "all" and has_receipt(cache, manifest)
         assert leftovers(cache) == {"staging": [], "journal": [], "temp": []}
 
@@ -209,6 +209,6 @@ def test_an_exception_while_publishing_keeps_what_the_roll_forward_needs(subject
         ended, report = fork_run(make_plan(bundle, manifest, cache).execute, kill_at=at, interrupt=True)
         assert ended == "exit 0" and report == {"interrupted": True}
         assert bundle_state(cache, manifest, expected) in ("none", "subset", "all")  # never partial
-        recover(cache)
+        recover(CacheDir(cache))
         assert bundle_state(cache, manifest, expected) == "all" and has_receipt(cache, manifest), at
         assert leftovers(cache) == {"staging": [], "journal": [], "temp": []}

@@ -20,7 +20,7 @@ import pytest
 from helpers.common import ROOT, TESTKERNELS
 
 import kernelcache
-from kernelcache.buildcache import entry as blobs
+from kernelcache.buildcache import blob as blobs
 from kernelcache.buildcache.exercises import KEYS, LOG, RESULT, UnitUse, restore, stack_inputs, unit_key
 from kernelcache.buildcache.store import DirStore
 from kernelcache.exercise.jobs import _jobs

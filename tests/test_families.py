@@ -19,7 +19,7 @@ from kernelcache.cli import main as cli
 from kernelcache.errors import RecipeError, UsageError
 from kernelcache.plan import families, recipe
 from kernelcache.plan.config import integer
-from kernelcache.plan.family import MODEL, VOCAB, Family, ModelSection, Task
+from kernelcache.plan.family import MODEL, About, Family, ModelRole, ModelSection, Task
 from kernelcache.plan.tasks import plan_units
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def test_a_family_reads_only_the_fields_it_declares(name):
     want = family.tasks(plan, vocab)
     assert want or family.unit == "", f"{name}: its recipe plans no task"
     assert {t.label for t in want} <= {name} and {t.call for t in want} <= {family.exercise}
-    for field, other in perturbed(plan, family.reads):
+    for field, other in perturbed(plan, family.about.reads):
         assert family.tasks(other, vocab) == want, f"{name} reads {field}, which it does not declare"
 
 
@@ -76,9 +76,10 @@ def test_every_family_names_files_that_exist():
         source = ROOT / Path(*module.split(".")).with_suffix(".py")
         defined = {n.name for n in ast.parse(source.read_text()).body if isinstance(n, ast.FunctionDef)}
         assert function in defined, f"{family.name}: {family.exercise}"
-        assert not family.probe or (ROOT / family.probe).is_file(), family.probe
-        assert not family.gpu_check or (ROOT / "scripts/gpu/checks" / f"{family.gpu_check}.py").is_file(), \
-            family.gpu_check
+        about = family.about
+        assert not about.probe or (ROOT / about.probe).is_file(), about.probe
+        assert not about.gpu_check or (ROOT / "scripts/gpu/checks" / f"{about.gpu_check}.py").is_file(), \
+            about.gpu_check
 
 
 @pytest.mark.fast
@@ -91,7 +92,7 @@ def test_the_docs_family_table_is_the_registry():
 @pytest.mark.fast
 def test_the_registry_refuses_a_second_family_of_one_name():
     with pytest.raises(ValueError, match="already registered"):
-        families.register(replace(families.get("moe")))
+        families.register(families.get("moe"))
     with pytest.raises(ValueError, match="built-in"):
         families.unregister("moe")
 
@@ -101,22 +102,27 @@ def test_the_registry_refuses_a_second_family_of_one_name():
 SELFTEST = "selftest"
 
 
-def _selftest_tasks(plan, vocab: int) -> tuple[Task, ...]:
-    return (Task("kernelcache.exercise.testkernels:run", label=SELFTEST),)
+class Selftest(Family):
+    name = SELFTEST
+    exercise = "kernelcache.exercise.testkernels:run"
+    about = About("kernelcache's test kernels", ("kernelcache.exercise.testkernels", "kernelcache's test kernels"),
+                  note="a test's family")
 
+    def tasks(self, plan, vocab: int) -> tuple[Task, ...]:
+        return (self.task(),)
 
-def _selftest_check(plan, where: str) -> None:
-    if plan.max_num_seqs > 512:
-        raise RecipeError(f"{where}: the {SELFTEST} path builds at most 512 sequences")
+    def default(self, plan) -> bool:
+        return False
+
+    def check(self, plan, where: str) -> None:
+        if plan.max_num_seqs > 512:
+            raise RecipeError(f"{where}: the {SELFTEST} path builds at most 512 sequences")
 
 
 @pytest.fixture
 def selftest():
     """kernelcache's own test kernels as one more family, registered for the test only."""
-    family = families.register(Family(
-        SELFTEST, "kernelcache's test kernels", "kernelcache.exercise.testkernels:run",
-        ("kernelcache.exercise.testkernels", "kernelcache's test kernels"), unit=VOCAB, tasks=_selftest_tasks,
-        note="a test's family", default=lambda plan: False, check=_selftest_check))
+    family = families.register(Selftest())
     yield family
     families.unregister(SELFTEST)
 
@@ -174,21 +180,28 @@ def _widget_layers(fields: dict, architecture: str, where: str) -> WidgetSpec | 
     return WidgetSpec(integer(fields, "widget_width", where))
 
 
-def _widget_tasks(plan, vocab: int) -> tuple[Task, ...]:
-    layers = plan.model.section("widget") if plan.model else None
-    return (Task("kernelcache.exercise.testkernels:run", {"width": layers.widget_width}, label="widget"),) \
-        if layers else ()
+class Widget(Family):
+    name = "widget"
+    exercise = "kernelcache.exercise.testkernels:run"
+    about = About("a test family with model layers", ("kernelcache.exercise.testkernels", "kernelcache's test kernels"))
+    unit = MODEL
+    model = ModelRole(ModelSection("widget", WidgetSpec, _widget_layers, frozenset({"widget_width"})), owned=True)
+
+    def tasks(self, plan, vocab: int) -> tuple[Task, ...]:
+        layers = plan.model.section("widget") if plan.model else None
+        return (self.task({"width": layers.widget_width}),) if layers else ()
+
+    def default(self, plan) -> bool:
+        return bool(plan.model and plan.model.section("widget"))
+
+    def from_model(self, model, plan) -> bool:
+        return model.section("widget") is not None
 
 
 @pytest.fixture
 def widget():
     """A test-only family whose layers a model config describes: registered, never edited into the plan."""
-    family = families.register(Family(
-        "widget", "a test family with model layers", "kernelcache.exercise.testkernels:run",
-        ("kernelcache.exercise.testkernels", "kernelcache's test kernels"), unit=MODEL, tasks=_widget_tasks,
-        default=lambda plan: bool(plan.model and plan.model.section("widget")),
-        from_model=lambda model, plan: model.section("widget") is not None, model_owned=True,
-        model_section=ModelSection("widget", WidgetSpec, _widget_layers, frozenset({"widget_width"}))))
+    family = families.register(Widget())
     yield family
     families.unregister("widget")
 

@@ -13,7 +13,7 @@ import pytest
 from helpers.common import kc
 
 from kernelcache.bundle import target_env
-from kernelcache.exercise import flashinfer
+from kernelcache.exercise import flashinfer_sampling
 from kernelcache.format.fingerprint import local_environment, python_tag
 from kernelcache.format.manifest import Target
 from kernelcache.plan.gpus import PROFILES
@@ -145,15 +145,15 @@ def test_build_without_disk_for_the_toolchain_fails_in_one_line(tmp_path):
 @pytest.mark.flashinfer
 def test_a_cuda_toolkit_already_here_is_used_without_fetching(tmp_path, monkeypatch):
     try:
-        ours = flashinfer.find_toolchain()
-    except flashinfer.MissingDependency:
+        ours = flashinfer_sampling.find_toolchain()
+    except flashinfer_sampling.MissingDependency:
         pytest.skip("the pip CUDA toolchain is not set up (scripts/setup.sh)")
     monkeypatch.setenv("KERNELCACHE_TOOLCHAIN_DIR", str(tmp_path / "empty"))
     monkeypatch.setenv("CUDA_HOME", str(ours.root))
     monkeypatch.setenv("PATH", os.pathsep.join([str(ours.ninja_dir), os.environ.get("PATH", "")]))
     said: list[str] = []
-    tools = flashinfer.ensure_toolchain(say=said.append)
-    assert tools.root == ours.root and tools.cuda == flashinfer.CUDA_VERSION
+    tools = flashinfer_sampling.ensure_toolchain(say=said.append)
+    assert tools.root == ours.root and tools.cuda == flashinfer_sampling.CUDA_VERSION
     assert said == [f"using the CUDA {tools.cuda} toolkit in {ours.root} to build FlashInfer's sampling module"]
     assert not (tmp_path / "empty").exists()
 
@@ -166,10 +166,10 @@ def test_the_toolchain_is_fetched_once_with_progress_then_reused(tmp_path, monke
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setenv("PATH", no_toolkit_env(tmp_path)["PATH"])
     said: list[str] = []
-    tools = flashinfer.ensure_toolchain(say=said.append)
-    assert tools.cuda == flashinfer.CUDA_VERSION and (tools.root / "bin" / "nvcc").is_file()
+    tools = flashinfer_sampling.ensure_toolchain(say=said.append)
+    assert tools.cuda == flashinfer_sampling.CUDA_VERSION and (tools.root / "bin" / "nvcc").is_file()
     assert said[0].startswith("fetching the CUDA 13.0.88 build toolchain") and said[-1].startswith("CUDA 13.0.88")
     assert any("nvidia-cuda-nvcc" in line or "nvidia_cuda_nvcc" in line for line in said[1:-1])
     again: list[str] = []
-    assert flashinfer.ensure_toolchain(say=again.append) == tools and again == []
+    assert flashinfer_sampling.ensure_toolchain(say=again.append) == tools and again == []
 

@@ -26,7 +26,7 @@ from kernelcache.errors import (
     MissingDependency,
     UsageError,
 )
-from kernelcache.exercise.flashinfer import (
+from kernelcache.exercise.flashinfer_sampling import (
     CUDA_VERSION,
     build_sampling,
     cubin_archs,

@@ -48,8 +48,9 @@ LAYERS = (
     ("cachedir", ("kernelcache.cachedir",)),
     ("remote", ("kernelcache.remote",)),  # transport: a bundle from a registry or a URL, verified on arrival
     ("buildcache", ("kernelcache.buildcache",)),  # what builds compiled, by Triton key: a dir, a URL, a registry
-    ("build", ("kernelcache.build", "kernelcache.capture", "kernelcache.preflight")),  # the build side's verbs: they
-    # only wire the above (preflight: what a build checks before its first exercise process)
+    # The build side's verbs: they only wire the above (preflight: what a build checks before its first exercise
+    # process; enginecompile: vLLM's torch.compile artifact, built here, checked and unpacked by install and runtime).
+    ("build", ("kernelcache.build", "kernelcache.capture", "kernelcache.preflight", "kernelcache.enginecompile")),
     ("install", ("kernelcache.install",)),
     ("runtime", ("kernelcache.runtime",)),
     ("manage", ("kernelcache.manage",)),  # ls / rm / prune: what install put in a cache dir, and what serves it
@@ -210,6 +211,26 @@ def site_imports(module: str) -> set[str]:
     return found
 
 
+def test_a_family_names_its_exercise_on_the_floor_above_and_the_plan_never_imports_it():
+    """The plan names each family's exercise entry as text (``Family.exercise``, ``module:function``), which
+    exercise/worker.py resolves in the exercise process: a reference up one floor that is no import. Drawn here, so
+    that the import test above sees the whole loop: each entry is a function of an exercise-floor module, and no plan
+    module imports it (the exercise module may import its family's declaration: down a floor)."""
+    from kernelcache.plan import families
+
+    edges = graph()
+    plan = layer("kernelcache.plan")
+    imported_by_plan = {target for name, targets in edges.items() if layer(name) == plan for target in targets}
+    named = [f for f in families.families() if f.exercise]
+    assert named
+    for family in named:
+        module, _, function = family.exercise.partition(":")
+        assert module in edges and layer(module) == layer("kernelcache.exercise"), family.exercise
+        defined = {n.name for n in ast.parse(modules()[module].read_text()).body if isinstance(n, ast.FunctionDef)}
+        assert function in defined, family.exercise
+        assert module not in imported_by_plan, f"the plan imports {module}"
+
+
 def test_there_is_no_import_circle():
     edges = graph()
     seen: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -324,3 +345,21 @@ def test_no_banner_or_comment_of_the_commands_names_an_issue():
     named = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for path in COMMANDS
              for number, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"\bissue \d+", line)]
     assert not named, "\n".join(named)
+
+
+# -- the cache dir's layout -----------------------------------------------------------------------------------------
+
+LAYOUT = ROOT / "kernelcache" / "cachedir" / "layout.py"
+
+
+def test_the_names_of_a_cache_dir_are_spelled_in_its_layout_table_alone():
+    """cachedir/layout.py names every folder and file kernelcache keeps in a cache dir; elsewhere a path into the
+    state is built from those names (``cache.state / INSTALLED``), never from a string of its own."""
+    from kernelcache.cachedir import layout
+
+    names = [layout.LOCK, layout.INSTALLED, layout.JOURNAL, layout.STAGING, layout.FINGERPRINTS, layout.CHECKED,
+             layout.SERVED, layout.TRITON_KEYS, layout.LOG, layout.MISS_LOG]
+    spelled = re.compile(r'(/ |STATE_DIR, |join\(\w+, |\(\()"(' + "|".join(map(re.escape, names)) + r')"')
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for path in ROOT.glob("kernelcache/**/*.py")
+             if path != LAYOUT for number, line in enumerate(path.read_text().splitlines(), 1) if spelled.search(line)]
+    assert not found, "\n".join(found)

@@ -172,12 +172,13 @@ def test_a_forced_install_is_never_kept(small_bundle, tmp_path):
 
 def test_run_with_the_bundle_skips_the_installer(installed):
     bundle, cache = installed
-    script = ("import json, sys; from kernelcache.runtime.env import prepare; "
-              f"root, variables = prepare({str(bundle)!r}, {str(cache)!r}); "
-              "print(json.dumps([str(root), variables['TRITON_CACHE_DIR'], 'kernelcache.install' in sys.modules]))")
+    script = ("import json, sys; from kernelcache.cachedir import CacheDir; "
+              "from kernelcache.runtime.env import prepare; "
+              f"variables = prepare({str(bundle)!r}, CacheDir.at({str(cache)!r})); "
+              "print(json.dumps([variables['TRITON_CACHE_DIR'], 'kernelcache.install' in sys.modules]))")
     done = subprocess.run([sys.executable, "-c", script], env=clean_env(), capture_output=True, text=True,
                           timeout=600)
-    assert json.loads(done.stdout) == [str(cache), str(cache), False], done.stderr
+    assert json.loads(done.stdout) == [str(cache), False], done.stderr
 
 
 # -- the entry point's plain forms are click's ----------------------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 from helpers.common import ROOT, TESTKERNELS, clean_env, kc, run_job, tree
 from helpers.mounts import read_only
 
-from kernelcache.cachedir import STATE_DIR
+from kernelcache.cachedir import STATE_DIR, CacheDir
 from kernelcache.errors import BaseUnusable, ReadOnlyCache, StorageError, UsageError
 from kernelcache.exercise.worker import Job
 from kernelcache.plan import misses
@@ -45,7 +45,7 @@ def lines(path: Path) -> list[dict]:
 def test_hits_come_from_the_read_only_base_and_misses_are_logged_then_replayed(ro_base, tmp_path):
     base, behind, how = ro_base
     overlay = tmp_path / "overlay"
-    env = overlay_environment(base, overlay)
+    env = overlay_environment(CacheDir.at(base), overlay)
     log = Path(env["KERNELCACHE_MISS_LOG"])
     before = tree(behind)
 
@@ -84,7 +84,7 @@ def test_hits_come_from_the_read_only_base_and_misses_are_logged_then_replayed(r
 def test_replay_refuses_another_arch(ro_base, tmp_path):
     base, _, _ = ro_base
     overlay = tmp_path / "overlay"
-    env = overlay_environment(base, overlay)
+    env = overlay_environment(CacheDir.at(base), overlay)
     run_job(tmp_path / "w1", overlay, 90, tasks=(VARIANTS,), env=env)
     task = misses.replay_tasks(env["KERNELCACHE_MISS_LOG"], 90)[0]
     outcome = run_worker(tmp_path / "w2", tmp_path / "c100", 100, (task,), {})
@@ -134,7 +134,7 @@ def test_a_sitecustomize_ahead_of_ours_degrades_honestly(ro_base, tmp_path):
     prebuild here, which would otherwise come first) is logged without a specialization, and says so."""
     base, _, _ = ro_base
     overlay = tmp_path / "overlay"
-    env = overlay_environment(base, overlay)
+    env = overlay_environment(CacheDir.at(base), overlay)
     other = tmp_path / "othersite"
     other.mkdir()
     (other / "sitecustomize.py").write_text("")
@@ -195,8 +195,8 @@ def test_a_base_frozen_mid_install_or_missing_files_is_refused(bundle90, tmp_pat
 
 
 def test_the_gpu_overlay_check_script_passes_on_the_fake_target(tmp_path):
-    """scripts/gpu_overlay_check.py is what runs once on the H200; --fake runs the same steps here."""
-    done = subprocess.run([sys.executable, "scripts/gpu_overlay_check.py", "--fake", "--work", str(tmp_path / "w")],
+    """scripts/gpu/overlay_check.py is what runs once on the H200; --fake runs the same steps here."""
+    done = subprocess.run([sys.executable, "scripts/gpu/overlay_check.py", "--fake", "--work", str(tmp_path / "w")],
                           cwd=ROOT, env=clean_env(OUT=str(tmp_path / "out")), capture_output=True, text=True,
                           timeout=600)
     report = json.loads((tmp_path / "out" / "gpu_overlay_check.json").read_text())
@@ -207,7 +207,7 @@ def test_the_gpu_overlay_check_script_passes_on_the_fake_target(tmp_path):
 def test_build_from_misses_puts_the_missed_keys_in_the_next_bundle(ro_base, tmp_path):
     pytest.importorskip("vllm")
     base, _, _ = ro_base
-    env = overlay_environment(base, tmp_path / "overlay")
+    env = overlay_environment(CacheDir.at(base), tmp_path / "overlay")
     _, compiled = run_job(tmp_path / "w1", tmp_path / "overlay", 90, tasks=(TESTKERNELS, VARIANTS), env=env)
     missed = {r["key"] for r in compiled if not r["cache_hit"]}
     assert len(missed) == 2

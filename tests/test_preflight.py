@@ -57,8 +57,8 @@ def stub_vllm(site: Path, init: str = "") -> Path:
     from kernelcache.plan import families, releases
 
     paths = ("registry", "flashinfer")
-    modules = {families.get(p).requires[0] for p in paths}
-    modules |= {c.module for p in paths for c in releases.current(families.get(p).contacts, "0.33.0")}
+    modules = {families.get(p).about.requires[0] for p in paths}
+    modules |= {c.module for p in paths for c in releases.current(families.get(p).about.contacts, "0.33.0")}
     site.mkdir(parents=True, exist_ok=True)
     for module in sorted(m for m in modules if m.startswith("vllm.")):
         parts = module.split(".")

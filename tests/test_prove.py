@@ -159,9 +159,14 @@ def test_the_dry_run_prints_each_state_and_runs_nothing(tmp_path):
 
 def test_a_family_registered_with_a_check_is_proven_by_the_driver():
     """The driver learns the checks from the registry: a family that names one is resolved to it."""
-    family = families.register(families.Family("selftest", "a test's family", "kernelcache.exercise.testkernels:run",
-                                                ("kernelcache.exercise.testkernels", "test kernels"),
-                                                gpu_check="moe"))
+    class Selftest(families.Family):
+        name, exercise = "selftest", "kernelcache.exercise.testkernels:run"
+        about = families.About("a test's family", ("kernelcache.exercise.testkernels", "test kernels"), gpu_check="moe")
+
+        def tasks(self, plan, vocab: int) -> tuple:
+            return ()
+
+    family = families.register(Selftest())
     try:
         assert prove.checks()["moe"] == ("moe", family.name)
         assert prove.resolve(["selftest"]) == ["moe"]

@@ -24,7 +24,7 @@ from helpers.common import ROOT, clean_env
 
 from kernelcache.errors import ReleaseUnsupported
 from kernelcache.plan import families, releases
-from kernelcache.plan.family import Family
+from kernelcache.plan.family import About, Family
 from kernelcache.plan.releases import Contact
 from kernelcache.plan.targets import check_release
 
@@ -46,8 +46,8 @@ def test_every_vllm_import_of_an_exercise_is_a_contact_of_its_families():
     by_module: dict[str, set[str]] = {}
     for family in families.families():
         module = family.exercise.partition(":")[0].rpartition(".")[2]
-        by_module.setdefault(module, set()).update(c.symbol for c in family.contacts)
-    by_module["fake_runner_ops"] = {c.symbol for c in families.get("runner").contacts}
+        by_module.setdefault(module, set()).update(c.symbol for c in family.about.contacts)
+    by_module["fake_runner_ops"] = {c.symbol for c in families.get("runner").about.contacts}
     for module, declared in by_module.items():
         if module == "vllm_sampler" or module.startswith("vllm_") or module == "fake_runner_ops":
             undeclared = vllm_imports(EXERCISE / f"{module}.py") - declared
@@ -56,13 +56,13 @@ def test_every_vllm_import_of_an_exercise_is_a_contact_of_its_families():
 
 def test_a_release_lacking_a_path_says_why_and_each_contact_names_its_releases():
     for family in families.families():
-        assert set(family.releases) <= set(releases.SUPPORTED), family.name
-        assert bool(family.lacks) == (family.releases != releases.SUPPORTED), family.name
-        for contact in family.contacts:
-            assert set(contact.releases) & set(family.releases), (family.name, contact)
+        assert set(family.about.releases) <= set(releases.SUPPORTED), family.name
+        assert bool(family.about.lacks) == (family.about.releases != releases.SUPPORTED), family.name
+        for contact in family.about.contacts:
+            assert set(contact.releases) & set(family.about.releases), (family.name, contact)
         # one contact per release and name: resolve never has to choose
-        for release in family.releases:
-            names = [c.name for c in releases.current(family.contacts, release)]
+        for release in family.about.releases:
+            names = [c.name for c in releases.current(family.about.contacts, release)]
             assert len(names) == len(set(names)), (family.name, release)
 
 
@@ -79,7 +79,7 @@ def test_the_release_table_is_generated_into_families_md_and_recipes_json():
     assert done.returncode == 0, done.stderr[-2000:]
     matrix = json.loads(done.stdout)["releases"]
     assert matrix["supported"] == list(releases.SUPPORTED)
-    assert matrix["paths"]["mrv1"] == {"releases": ["0.33"], "lacks": families.get("mrv1").lacks}
+    assert matrix["paths"]["mrv1"] == {"releases": ["0.33"], "lacks": families.get("mrv1").about.lacks}
     assert matrix["paths"]["runner"] == {"releases": list(releases.SUPPORTED)}
 
 
@@ -90,9 +90,15 @@ def test_check_release_refuses_an_unknown_release_a_lacking_path_and_a_moved_mod
     with pytest.raises(ReleaseUnsupported, match=r"0\.34 lacks the path\(s\) mrv1, mrv1_spec_decode \(vLLM 0\.34 "
                                                  r"removed the V1 model runner.*: build --path registry$"):
         check_release(("registry", "mrv1", "mrv1_spec_decode"), "0.34.0")
-    moved = Family("selftest_moved", "a family whose contact moved", "", ("vllm", "vLLM"),
-                   contacts=(Contact("gone", "vllm.v1.worker.no_such_module:get_block_table_width"),))
-    families.register(moved)
+    class Moved(Family):
+        name, exercise = "selftest_moved", ""
+        about = About("a family whose contact moved", ("vllm", "vLLM"),
+                      contacts=(Contact("gone", "vllm.v1.worker.no_such_module:get_block_table_width"),))
+
+        def tasks(self, plan, vocab: int) -> tuple:
+            return ()
+
+    families.register(Moved())
     try:
         with pytest.raises(ReleaseUnsupported, match=r"lacks vllm\.v1\.worker\.no_such_module:get_block_table_width "
                                                      r"\(selftest_moved\)"):
@@ -142,17 +148,17 @@ def test_a_missing_contact_is_named():
 # the driver; nothing calls it) an empty module where it does not load (vllm_flashinfer.py chosen_backend).
 CHECK = """
 import importlib, json, sys, types
-from kernelcache.exercise.vllm_sampler import _device_scope
+from kernelcache.exercise.drivers import device_scope
 from kernelcache.plan import families, releases
 try:
     importlib.import_module("vllm._C_stable_libtorch")
 except ImportError:
     sys.modules["vllm._C_stable_libtorch"] = types.ModuleType("vllm._C_stable_libtorch")
 problems = []
-with _device_scope():
+with device_scope():
     for family in families.families():
-        if releases.release() in family.releases:
-            problems += [f"{family.name}: {p}" for c in releases.current(family.contacts) if (p := c.problem())]
+        if releases.release() in family.about.releases:
+            problems += [f"{family.name}: {p}" for c in releases.current(family.about.contacts) if (p := c.problem())]
 print(json.dumps({"version": releases.installed(), "problems": problems}))
 """
 
@@ -217,7 +223,7 @@ def test_each_family_builds_and_verifies_on_each_release(release, path, tmp_path
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("vllm ")]
     family = families.get(FAMILY_OF.get(path, path))
-    if release in family.releases:
+    if release in family.about.releases:
         assert "| build 0 |" in line and "| verify 0 |" in line, line
     else:
         assert "| build 36 |" in line, line

@@ -113,8 +113,8 @@ def default_build(builder, server, tmp_path_factory, build_cache) -> DefaultBuil
     """`kernelcache build` of the default recipe for one vocab in the builder venv, with no CUDA toolchain fetched
     yet, run from a directory of its own; `kernelcache install` of its bundle in the second serving venv. It shares
     the session's build cache (tests/conftest.py): FlashInfer's sampling module comes from the lab's build of it
-    (the same FlashInfer release, toolchain and arch: buildcache/flashinfer.py module_key), and this venv's later
-    builds take the kernels and gcc-built modules it compiled."""
+    (the same FlashInfer release, toolchain and arch: buildcache/flashinfer_modules.py module_key), and this venv's
+    later builds take the kernels and gcc-built modules it compiled."""
     work = tmp_path_factory.mktemp("default-build")
     (work / "job").mkdir()
     build = ok(builder.kernelcache("build", "--arch", ARCH, "--gpu", GPU, "--vocab", VOCAB, "-o", "bundles",

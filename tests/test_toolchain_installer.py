@@ -22,7 +22,7 @@ FETCH = """
 import sys
 from pathlib import Path
 from kernelcache.errors import KernelcacheError
-from kernelcache.exercise.flashinfer import _install_wheels
+from kernelcache.exercise.flashinfer_sampling import _install_wheels
 try:
     _install_wheels(Path(sys.argv[1]), print, ("ninja==1.13.2",))
 except KernelcacheError as exc:

@@ -73,15 +73,23 @@ def test_the_serve_shorthand_carries_the_toys_flag_as_the_vllm_flag(toy):
     given = recipe.PlanOverrides.of(max_num_seqs=8, toy_block="512")
     assert given.flags == {"toy_block": "512"} and given.flag("toy_block") == "512"
     assert shorthand_words(recipe._vllm_flags(given)) == ("--max-num-seqs", "8", "--toy-block", "512")
+    with pytest.raises(TypeError, match="unknown field"):
+        recipe.PlanOverrides.of(toy_blok="512")
 
 
 def test_a_second_family_cannot_declare_a_taken_flag(toy):
     from dataclasses import replace
 
+    class Toy2(type(FAMILY)):
+        name = "toy2"
+
+    class Toy3(type(FAMILY)):
+        name, flags = "toy3", (replace(BLOCK, vllm="--block-size"),)
+
     with pytest.raises(ValueError, match="--toy-block are already declared"):
-        families.register(replace(FAMILY, name="toy2"))
+        families.register(Toy2())
     with pytest.raises(ValueError, match="--block-size are already declared"):
-        families.register(replace(FAMILY, name="toy3", flags=(replace(BLOCK, vllm="--block-size"),)))
+        families.register(Toy3())
 
 
 def test_the_cli_offers_the_flag_of_a_plugged_in_family():

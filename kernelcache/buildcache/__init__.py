@@ -160,7 +160,7 @@ class BuildCacheCounts:
     def of(cls, location: str | None, events: tuple[dict, ...], flashinfer: str | None = None,
            units: RecordCounts | None = None) -> BuildCacheCounts:
         """From the ``build_cache`` log records of the exercise processes that ran, what FlashInfer's module did
-        (buildcache/flashinfer.py ``take_or_build``), and what the exercise records did."""
+        (buildcache/flashinfer_modules.py ``take_or_build``), and what the exercise records did."""
         seen = {(e.get("outcome"), e.get("kind"), e.get("key")) for e in events}
         counts = Counter((outcome, kind) for outcome, kind, _ in seen)
         errors = {str(e.get("detail")) for e in events if e.get("outcome") == "error"}

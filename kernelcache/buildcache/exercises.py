@@ -54,7 +54,7 @@ from ..format.compilelog import read as read_log
 from ..plan import families
 from ..plan.tasks import device_name_modules
 from . import RecordCounts
-from .entry import CorruptEntry, pack, unpack
+from .blob import CorruptEntry, pack, unpack
 
 FORMAT = 1
 KIND = "exercise"

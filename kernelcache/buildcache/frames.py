@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .entry import CorruptEntry, pack, unpack
+from .blob import CorruptEntry, pack, unpack
 
 KIND = "bundle"
 FRAME = "bundle.tar.zst"

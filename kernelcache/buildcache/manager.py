@@ -35,7 +35,7 @@ from triton.runtime.cache import FileCacheManager
 
 from ..format.compilelog import LOG_ENV, append
 from . import ENV, resolve
-from .entry import CorruptEntry, pack, unpack
+from .blob import CorruptEntry, pack, unpack
 
 _lock = threading.Lock()  # one store request at a time per process (vLLM's warmup compiles from threads)
 

@@ -1,6 +1,6 @@
 """Where build-cache blobs live: a local directory, a URL (fsspec) or an OCI registry, behind one interface.
 
-A store keeps blobs (buildcache/entry.py) by Triton cache key and variant (the digest of the paths an entry
+A store keeps blobs (buildcache/blob.py) by Triton cache key and variant (the digest of the paths an entry
 embeds: one per install location) and has two verbs: ``get(key)``, every variant's blob of the key (usually one,
 none on a miss), and ``put(key, variant, blob)``. A put replaces that variant's blob whole, so a reader gets an
 old blob, a new one or none, never a torn one, and the last writer wins (any writer's blob serves: the same key
@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from .entry import CorruptEntry
+from .blob import CorruptEntry
 
 LAYOUT = "v1"
 SUFFIX = ".tar.zst"

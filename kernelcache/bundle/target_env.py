@@ -105,12 +105,12 @@ def torch_cuda() -> str | None:
 
 def _toolkit_version() -> str | None:
     from ..errors import MissingDependency
-    from ..exercise import flashinfer
+    from ..exercise import flashinfer_sampling
 
     try:
-        return flashinfer.find_toolchain().cuda
+        return flashinfer_sampling.find_toolchain().cuda
     except MissingDependency:
-        present = flashinfer.installed_toolkit()
+        present = flashinfer_sampling.installed_toolkit()
         return present.cuda if present else None
 
 
@@ -119,7 +119,7 @@ def _toolkit_version() -> str | None:
 
 def planned_manifest(target: Target, flashinfer: bool) -> Manifest:
     """The manifest fields a build is about to record: this environment, the target, the FlashInfer module."""
-    from ..exercise.flashinfer import CUDA_VERSION, MODULE
+    from ..exercise.flashinfer_sampling import CUDA_VERSION, MODULE
 
     modules = ()
     if flashinfer:

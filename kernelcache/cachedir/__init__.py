@@ -20,9 +20,11 @@ own state under ``<cache>/.kernelcache/``:
 * ``log.jsonl``: one line per finished install.
 
 ``layout.py`` says where a cache dir and its state are, as strings (what the pod-start fast path reads with
-the standard library alone); ``state.py`` owns the paths, the lock and the receipts (parsed in one place: a
-receipt that is not JSON, lacks its digest, or whose manifest does not parse is *bad*; lookups ignore it and
-an install replaces it, a read-only base refuses it). ``publish.py`` owns journals, publishing and recovery.
+the standard library alone), and holds the one table of the names above. ``state.py`` owns ``CacheDir``, the value
+a verb resolves its cache dir into once (``CacheDir.at``) and hands down, with the paths, the lock and the receipts
+(parsed in one place: a receipt that is not JSON, lacks its digest, or whose manifest does not parse is *bad*;
+lookups ignore it and an install replaces it, a read-only base refuses it). ``publish.py`` owns journals,
+publishing and recovery.
 """
 
 from importlib import import_module
@@ -32,8 +34,7 @@ from importlib import import_module
 _EXPORTS = {
     **dict.fromkeys(("Journal", "atomic_write", "complete_entry", "publish_entries", "recover", "sweep",
                      "write_receipt"), "publish"),
-    **dict.fromkeys(("STATE_DIR", "CacheDir", "Receipt", "ReceiptScan", "default_cache_dir", "lock_timeout",
-                     "resolve_cache_dir"), "state"),
+    **dict.fromkeys(("STATE_DIR", "CacheDir", "Receipt", "ReceiptScan", "lock_timeout"), "state"),
 }
 __all__ = sorted(_EXPORTS)
 

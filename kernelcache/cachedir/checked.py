@@ -39,7 +39,7 @@ from ..bundle.trust import NO_POLICY, key_fingerprints, signature_path
 from ..format.envscan import gpu_witness, key_digest, scan_key
 from ..hooks.kernelcache_records import SAME_FILE, json_loads, sha256_hex, stamp
 from ..version import __version__
-from .layout import STATE_DIR, keep_newest, unfinished
+from .layout import CHECKED, INSTALLED, STATE_DIR, keep_newest, state_path, unfinished
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def bundle_identity(path: str | os.PathLike) -> list[int] | None:
 
 def _record_path(root: str, bundle: str) -> str:
     name = sha256_hex(os.path.realpath(bundle).encode())[:32]
-    return os.path.join(root, STATE_DIR, "checked", f"{name}.json")
+    return state_path(root, CHECKED, f"{name}.json")
 
 
 # A no-op install the record vouches for (a namedtuple: typing's NamedTuple would cost the import of typing).
@@ -98,8 +98,9 @@ def find_checked(bundle: str | os.PathLike, root: str | os.PathLike, check_gpu: 
     """The no-op answer when ``bundle`` is installed in the cache dir ``root`` (as resolved once: ``cache_root``,
     ``CacheDir.root``) and was accepted under the state and the signature ``policy`` (bundle/trust.py) that hold
     now, and ``--arch`` / ``--gpu`` take it; None whenever the full install path must decide (which also says why
-    an arch or a profile is refused). The installer asks it (install.py ``install``, and the pod-start front doors
-    that would otherwise load the installer: entry.py, runtime/env.py), once a command."""
+    an arch or a profile is refused). Each command's front door asks it once, before it loads the installer
+    (install.py ``install``, runtime/env.py ``install_checked``, entry.py's plain forms); ``install_into`` itself
+    never asks."""
     if "://" in os.fspath(bundle):
         return None
     root = os.fspath(root)
@@ -135,7 +136,7 @@ def _holds(record: dict, root: str, bundle: str | os.PathLike, check_gpu: bool) 
             or not all(isinstance(w, str) for w in warnings)):
         return False
     state = os.path.join(root, STATE_DIR)
-    if not os.path.isfile(os.path.join(state, "installed", f"{digest}.json")) or unfinished(state):
+    if not os.path.isfile(os.path.join(state, INSTALLED, f"{digest}.json")) or unfinished(state):
         return False
     if not all(isinstance(f, str) and os.path.exists(os.path.join(root, f)) for f in files):
         return False

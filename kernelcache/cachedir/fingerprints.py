@@ -26,7 +26,7 @@ from pathlib import Path
 from ..format.envkey import EnvironmentKey, KnownEnvironment
 from ..format.envscan import package_dir
 from ..hooks import kernelcache_outputs, kernelcache_tritonkey
-from .layout import keep_newest
+from .layout import FINGERPRINTS, keep_newest
 from .publish import atomic_write
 from .state import CacheDir
 
@@ -34,7 +34,7 @@ KEEP = 16
 
 
 def _folder(cache: CacheDir) -> Path:
-    return cache.state / "fingerprints"
+    return cache.state / FINGERPRINTS
 
 
 def load_fingerprint(cache: CacheDir, key: EnvironmentKey) -> KnownEnvironment | None:

@@ -13,7 +13,7 @@ flashinfer/jit/env.py). For an installed cache dir this module generates, under
 The directory is named by the sha256 of its content and published with one rename, so it is
 written once (by ``install``, or by the first ``env`` where the cache is writable) and only read
 afterwards. Before that, ``providers`` checks what FlashInfer cannot: each file's sha256 against the
-manifest it was installed from. runtime/flashinfer.py puts the dirs on PYTHONPATH.
+manifest it was installed from. runtime/flashinfer_env.py puts the dirs on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import BundleManifestError, IntegrityError, StorageError
-from .layout import FLASHINFER_SITE_DIR
+from .layout import FLASHINFER_SITE_DIR, SITE_PREFIX
 from .state import STATE_DIR, CacheDir
 
 if TYPE_CHECKING:  # `kernelcache env` imports this module on every pod start; the manifest only where read
@@ -170,13 +170,13 @@ def ensure_site(cache_dir: Path, found: list[Provider]) -> Path:
     files = site_files(found)
     digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
     parent = Path(cache_dir) / STATE_DIR / SITE_DIR
-    site = parent / f"site-{digest}"
+    site = parent / f"{SITE_PREFIX}{digest}"
     if site.is_dir():
         return site
     staging = None
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".site-", dir=parent))
+        staging = Path(tempfile.mkdtemp(prefix=f".{SITE_PREFIX}", dir=parent))
         for rel, text in files.items():
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             (staging / rel).write_text(text)
@@ -193,7 +193,7 @@ def ensure_site(cache_dir: Path, found: list[Provider]) -> Path:
 
 def write_site(cache_dir: Path) -> Path | None:
     """At install time: the site dir for what the cache now holds, if this FlashInfer can use any of it."""
-    from ..format.envscan import distribution_version  # as `env` finds it (runtime/flashinfer.py): no import of
+    from ..format.envscan import distribution_version  # as `env` finds it (runtime/flashinfer_env.py): no import of
     # importlib.metadata (~15 ms)
 
     version = distribution_version("flashinfer-python")

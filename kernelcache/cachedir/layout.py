@@ -10,11 +10,32 @@ TYPE_CHECKING = False  # typing itself is not imported: this module is read on e
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-STATE_DIR = ".kernelcache"
-FLASHINFER_SITE_DIR = "flashinfer"  # under STATE_DIR: FlashInfer's provider registration (flashinfer_site.py)
-# Under the cache dir: installed FlashInfer modules (format/manifest.py's FLASHINFER_ROOT, the members' top dir;
-# the manifest sits below cachedir and cannot import this).
+# The layout of a cache dir: every name kernelcache keeps in one, and nowhere else spelled (cachedir/__init__.py
+# says what each holds). Under the cache dir:
+STATE_DIR = ".kernelcache"  # kernelcache's state; Triton's cache keys stand beside it
+# Installed FlashInfer modules (format/manifest.py's FLASHINFER_ROOT, the members' top dir; the manifest sits below
+# cachedir and cannot import this).
 FLASHINFER_MODULES_DIR = "flashinfer"
+VLLM_DIR = "vllm"  # vLLM's compile artifacts, unpacked: VLLM_CACHE_ROOT of a served process (enginecompile.py)
+# Under STATE_DIR:
+LOCK = "lock"  # the file lock every writer of the state holds
+INSTALLED = "installed"  # <digest>.json: one receipt per installed bundle
+JOURNAL = "journal"  # <digest>.json: an install being published; <digest>.rm.json: a removal
+STAGING = "staging"  # bundles being extracted, on the cache dir's filesystem
+FINGERPRINTS = "fingerprints"  # <key digest>.json: environment fingerprints computed here (fingerprints.py)
+CHECKED = "checked"  # <hash of a bundle path>.json: what an accepted install was checked against (checked.py)
+SERVED = "served"  # <hash of its inputs>.json: the variables env / run computed (runtime/served.py)
+TRITON_KEYS = "triton-keys"  # kept triton_key() values (fingerprints.py writes, hooks/kernelcache_tritonkey reads)
+FLASHINFER_SITE_DIR = "flashinfer"  # site-<digest>/: FlashInfer's provider registration (flashinfer_site.py)
+SITE_PREFIX = "site-"  # under FLASHINFER_SITE_DIR: one site dir per set of installed modules
+MISS_LOG = "misses.jsonl"  # under an overlay's STATE_DIR: the misses a read-only base served (runtime/overlay.py)
+LOG = "log.jsonl"  # one line per finished install
+SKELETON = (STAGING, INSTALLED, JOURNAL)  # what every install makes first (and a refused one removes again)
+
+
+def state_path(root: str, *names: str) -> str:
+    """``<root>/.kernelcache/<names...>``: a path in the state of the cache dir ``root``."""
+    return os.path.join(root, STATE_DIR, *names)
 
 
 def default_cache_root() -> str:
@@ -31,7 +52,7 @@ def cache_root(cache_dir: str | os.PathLike | None) -> str:
 
 
 # What a killed or running install leaves under STATE_DIR: (subdir, which names). publish.sweep removes them.
-SWEPT = (("journal", "*"), ("installed", ".*"), ("fingerprints", ".*"), ("checked", ".*"), ("served", ".*"))
+SWEPT = ((JOURNAL, "*"), (INSTALLED, ".*"), (FINGERPRINTS, ".*"), (CHECKED, ".*"), (SERVED, ".*"))
 
 
 def unfinished(state: str) -> bool:
@@ -45,8 +66,8 @@ def unfinished(state: str) -> bool:
 
 def leftover_names(state: str) -> Iterator[str]:
     """What ``unfinished`` looks for, each as ``<subdir>/<name>`` under ``state``, as it is found."""
-    for name in _names(os.path.join(state, "staging")):
-        yield f"staging/{name}"
+    for name in _names(os.path.join(state, STAGING)):
+        yield f"{STAGING}/{name}"
     for sub, pattern in SWEPT:
         for name in _names(os.path.join(state, sub)):
             if name.startswith(".") == (pattern == ".*"):  # as glob matches them: "*" skips dot names
@@ -63,7 +84,7 @@ def _names(directory: str) -> list[str]:
 def kept_records(root: str, sub: str) -> list[tuple[str, float]]:
     """(path, mtime) of each ``*.json`` record under ``<root>/.kernelcache/<sub>/`` (``served``, ``checked``),
     newest first."""
-    return [(path, st.st_mtime) for path, st in _records(os.path.join(root, STATE_DIR, sub))]
+    return [(path, st.st_mtime) for path, st in _records(state_path(root, sub))]
 
 
 def keep_newest(folder: str, keep: int) -> None:

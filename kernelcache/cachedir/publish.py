@@ -30,7 +30,7 @@ from ..errors import StorageError
 from ..hooks.kernelcache_autotune import SUFFIX as AUTOTUNE_SUFFIX
 from ..hooks.kernelcache_prebuilt import SOURCE_SUFFIX
 from ..hooks.kernelcache_walks import BUNDLE_FILE as WALKS_FILE
-from .layout import SWEPT, unfinished
+from .layout import JOURNAL, SWEPT, unfinished
 from .state import REMOVAL_SUFFIX, CacheDir, Receipt
 
 
@@ -132,12 +132,11 @@ def _merge_into(source: Path, target: Path) -> None:
         os.replace(path, target / path.name)
 
 
-def recover(cache_dir: Path | CacheDir, locked: bool = False) -> int:
+def recover(cache: CacheDir, locked: bool = False) -> int:
     """Finish publishes a killed install left behind; drop staging dirs and temp files no journal needs.
 
     Returns how many journals were rolled forward. Takes the lock unless the caller holds it."""
-    cache = cache_dir if isinstance(cache_dir, CacheDir) else CacheDir(Path(cache_dir))
-    if not (cache.state / "journal").is_dir():
+    if not (cache.state / JOURNAL).is_dir():
         return 0
     if not locked and not leftovers(cache):  # nothing to finish: no lock (and no import of filelock) to take
         return 0
@@ -158,7 +157,7 @@ def roll_forward(cache: CacheDir, path: Path) -> int:
     journal = _read_journal(Journal, path)
     if journal is None:
         return 0
-    publish_entries(cache.root, cache.state / "staging" / journal.staging, journal.entries, [])
+    publish_entries(cache.root, cache.staging / journal.staging, journal.entries, [])
     if all(complete_entry(cache.root / rel) for rel in journal.entries):
         write_receipt(cache, journal.receipt)
     path.unlink()
@@ -246,7 +245,7 @@ def _move_out(cache: CacheDir, removal: Removal) -> tuple[str, ...]:
         entry = cache.root / rel
         if used is None or rel in used or not _removable(rel) or not os.path.lexists(entry):
             continue
-        trash = cache.state / "staging" / f"{removal.trash}-{index}-{os.getpid()}"
+        trash = cache.staging / f"{removal.trash}-{index}-{os.getpid()}"
         try:
             os.rename(entry, trash)  # one rename: whole or gone, never partial
         except OSError:
@@ -285,7 +284,7 @@ def leftovers(cache: CacheDir) -> bool:
 
 def sweep(cache: CacheDir) -> None:
     """Remove staging dirs and temporary files; only the lock holder calls this."""
-    staging = cache.state / "staging"
+    staging = cache.staging
     for stale in sorted(staging.iterdir()) if staging.is_dir() else ():
         shutil.rmtree(stale, ignore_errors=True)
     for sub, _ in SWEPT:

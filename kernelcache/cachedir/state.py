@@ -15,13 +15,22 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BundleManifestError, StorageError, UsageError
 from ..hooks.kernelcache_records import append_line
-from .layout import STATE_DIR, cache_root, default_cache_root
+from .layout import (
+    INSTALLED,
+    JOURNAL,
+    LOCK,
+    LOG,
+    SKELETON,
+    STAGING,
+    STATE_DIR,
+    TRITON_KEYS,
+    cache_root,
+)
 
 if TYPE_CHECKING:  # parsed only where a receipt is read: `env` on every pod start needs no manifest classes
     from ..bundle.signature import SignatureInfo
     from ..format.manifest import Manifest
 
-_STATE_SUBDIRS = ("staging", "installed", "journal")
 REMOVAL_SUFFIX = ".rm.json"  # journal/<digest>.rm.json: a removal's journal (journal/<digest>.json: an install's)
 
 
@@ -72,19 +81,6 @@ def _unflock(fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
-
-
-def default_cache_dir() -> Path:
-    """Where Triton looks: KERNELCACHE_HOME, else TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache."""
-    return Path(default_cache_root())
-
-
-def resolve_cache_dir(cache_dir: str | os.PathLike | None) -> Path:
-    """The absolute cache dir (the default when None); a path that is a file is a usage error."""
-    path = Path(cache_root(cache_dir))
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"cache dir {path} is a file, not a directory")
-    return path
 
 
 @dataclass(frozen=True)
@@ -183,7 +179,12 @@ class CacheDir:
 
     @classmethod
     def at(cls, cache_dir: str | os.PathLike | None) -> CacheDir:
-        return cls(resolve_cache_dir(cache_dir))
+        """The cache dir a verb was given (the default when None: ``layout.default_cache_root``), resolved once at the
+        top: absolute, and a usage error when it is a file. Everything below takes this value."""
+        path = Path(cache_root(cache_dir))
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"cache dir {path} is a file, not a directory")
+        return cls(path)
 
     @property
     def state(self) -> Path:
@@ -192,12 +193,17 @@ class CacheDir:
     @property
     def triton_keys(self) -> Path:
         """Kept ``triton_key()`` values: cachedir/fingerprints.py writes, hooks/kernelcache_tritonkey reads."""
-        return self.state / "triton-keys"
+        return self.state / TRITON_KEYS
+
+    @property
+    def staging(self) -> Path:
+        """Where installs extract and removals move entries out, on the cache dir's filesystem."""
+        return self.state / STAGING
 
     def ensure_state(self) -> Path:
         """Create the state dirs (a ``StorageError`` when the cache dir cannot be written)."""
         try:
-            for sub in ("", *_STATE_SUBDIRS):
+            for sub in ("", *SKELETON):
                 (self.state / sub).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StorageError(f"cannot write to {self.root}: {exc.strerror or exc}") from None
@@ -207,7 +213,7 @@ class CacheDir:
     def locked(self) -> Iterator[None]:
         """Hold the state lock; ``StorageError`` after KERNELCACHE_LOCK_TIMEOUT seconds of waiting."""
         timeout = lock_timeout()
-        fd = _flock_at_once(str(self.state / "lock"))
+        fd = _flock_at_once(str(self.state / LOCK))
         if fd is not None:
             try:
                 yield
@@ -216,7 +222,7 @@ class CacheDir:
             return
         from filelock import FileLock, Timeout  # 10-40 ms of imports: only to wait, or where flock is missing
 
-        lock = FileLock(str(self.state / "lock"), timeout=timeout)
+        lock = FileLock(str(self.state / LOCK), timeout=timeout)
         try:
             lock.acquire()
         except Timeout:
@@ -229,11 +235,11 @@ class CacheDir:
     # -- receipts ---------------------------------------------------------------------------------
 
     def receipt_path(self, digest: str) -> Path:
-        return self.state / "installed" / f"{digest}.json"
+        return self.state / INSTALLED / f"{digest}.json"
 
     def scan(self) -> ReceiptScan:
         good, bad = [], []
-        for path in sorted((self.state / "installed").glob("*.json")):
+        for path in sorted((self.state / INSTALLED).glob("*.json")):
             try:
                 good.append(Receipt.from_dict(json.loads(path.read_text())))
             except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
@@ -253,7 +259,7 @@ class CacheDir:
         takes ~8 ms to decode and ~40 ms more to build into a ``Manifest``, and `env` runs on every pod start.
         None when a receipt is not JSON of that shape: the caller reads the receipts the full way."""
         found = []
-        for path in sorted((self.state / "installed").glob("*.json")):
+        for path in sorted((self.state / INSTALLED).glob("*.json")):
             try:
                 entries = json.loads(path.read_bytes())["manifest"].get("flashinfer", [])
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -274,7 +280,7 @@ class CacheDir:
         """Whether an installed bundle's autotune choices are in place (a receipt whose manifest has ``tuning`` and
         that skipped none). Read from the receipts' JSON alone, as ``flashinfer_entries`` reads them; a receipt of
         another shape sends it the full way."""
-        for path in sorted((self.state / "installed").glob("*.json")):
+        for path in sorted((self.state / INSTALLED).glob("*.json")):
             try:
                 data = json.loads(path.read_bytes())
                 if data["manifest"].get("tuning") and not data.get("choices_skipped"):
@@ -286,15 +292,15 @@ class CacheDir:
     # -- journals and the log ----------------------------------------------------------------------
 
     def journal_path(self, digest: str) -> Path:
-        return self.state / "journal" / f"{digest}.json"
+        return self.state / JOURNAL / f"{digest}.json"
 
     def removal_path(self, digest: str) -> Path:
-        return self.state / "journal" / f"{digest}{REMOVAL_SUFFIX}"
+        return self.state / JOURNAL / f"{digest}{REMOVAL_SUFFIX}"
 
     def pending_journals(self) -> list[Path]:
         """Journals of installs a killed process left half-published and of removals it left half-done (``recover``
         finishes both)."""
-        return sorted((self.state / "journal").glob("*.json"))
+        return sorted((self.state / JOURNAL).glob("*.json"))
 
     def log(self, record: dict) -> None:
-        append_line(self.state / "log.jsonl", record)
+        append_line(self.state / LOG, record)

@@ -270,9 +270,9 @@ def _run_unit(job_dir: Path, job: Job, reuse: UnitReuse | None,
 
 def flashinfer_build_env(target: BuildTarget, build: bool = True) -> dict[str, str]:
     """The variables under which the flashinfer_attention task asks FlashInfer for its modules for the target (cross
-    mode), in the kept FlashInfer workspace (exercise/flashinfer.py ``workspace_dir``), and (``build``: not when
-    verifying) builds them."""
-    from . import flashinfer as fi_build
+    mode), in the kept FlashInfer workspace (exercise/flashinfer_sampling.py ``workspace_dir``), and (``build``: not
+    when verifying) builds them."""
+    from . import flashinfer_sampling as fi_build
     from .vllm_flashinfer import BUILD_VARIABLE, CC_VARIABLE
 
     return {**fi_build.build_variables(target.arch, fi_build.workspace_dir(), fi_build.nvcc_jobs(),
@@ -282,7 +282,7 @@ def flashinfer_build_env(target: BuildTarget, build: bool = True) -> dict[str, s
 
 def flashinfer_jit_module(plan: BuildPlan, target: BuildTarget, work: Path) -> tuple:
     """The ``sampling`` module vLLM's FlashInfer path JIT-built on the visible GPU (native mode)."""
-    from . import flashinfer as fi_build
+    from . import flashinfer_sampling as fi_build
 
     base = work / "flashinfer-jit"
     job_dir = work / "jobs" / "flashinfer"

@@ -24,8 +24,8 @@ from typing import Any
 
 from ..plan.families.attention import CONTACTS
 from ..plan.releases import resolve, since
+from .drivers import cross, device_scope, require_triton
 from .vllm_runner import block_table_width as runner_width
-from .vllm_sampler import _device_scope, _require_triton, cross
 
 LAYER_NAME = "model.layers.0.self_attn.attn"
 DTYPES = ("bfloat16", "float16")
@@ -111,8 +111,8 @@ def attention(*, num_heads: int, num_kv_heads: int, head_size: int, dtype: str, 
     shape = rank_shape(num_heads, num_kv_heads, head_size, dtype, kv_cache_dtype, block_size, max_num_seqs,
                        max_model_len, max_num_batched_tokens, sliding_window, tensor_parallel_size, entries)
     substitutions = prepare()
-    _require_triton()
-    with _device_scope(), target_queries() as faked:
+    require_triton()
+    with device_scope(), target_queries() as faked:
         state = make_state(shape)
         for entry in entries:
             ENTRIES[entry](state)

@@ -15,8 +15,8 @@ that did) and hands back a stand-in module whose functions do nothing (a ``plan`
 plan-info vector), so ``plan()`` and ``run()`` go on. In a build (``BUILD_VARIABLE``) each recorded nvcc spec is
 then built for the target by FlashInfer's own ``JitSpec.build`` in this process; FlashInfer's environment decides
 the arch (``FLASHINFER_CUDA_ARCH_LIST``), the toolkit (``CUDA_HOME``) and where it builds
-(``FLASHINFER_WORKSPACE_BASE``: exercise/flashinfer.py ``workspace_dir``, kept between builds). The built module
-records its sources: its own and every FlashInfer header (``data/csrc``, ``data/include``) ninja saw it read.
+(``FLASHINFER_WORKSPACE_BASE``: exercise/flashinfer_sampling.py ``workspace_dir``, kept between builds). The built
+module records its sources: its own and every FlashInfer header (``data/csrc``, ``data/include``) ninja saw it read.
 In native mode (a GPU) FlashInfer builds and loads for real and the task only records.
 
 What FlashInfer does not build with nvcc is recorded as left out, with the reason:
@@ -52,8 +52,8 @@ from typing import Any
 
 from ..format.fingerprint import flashinfer_sources_digest as sources_digest
 from . import vllm_attention as triton_attention
+from .drivers import cross, device_scope
 from .vllm_attention import Batch, Shape
-from .vllm_sampler import _device_scope, cross
 
 LAYER_NAME = triton_attention.LAYER_NAME
 KINDS = ("capture", "decode", "prefill", "mixed")  # the batch kinds of ``sweeps``, in run order
@@ -264,7 +264,7 @@ def flashinfer_attention(*, num_heads: int, num_kv_heads: int, head_size: int, d
         return {**summary, "backend": chosen, "modules": [], "left_out": {}, "built": {},
                 "seconds": round(time.perf_counter() - started, 2)}
     recorder = Recorder()
-    with _device_scope(), host_tensors(), target_queries(cuda) as faked, artifactory(cubins), \
+    with device_scope(), host_tensors(), target_queries(cuda) as faked, artifactory(cubins), \
             recording(recorder, stand_in=cross()):
         state = make_state(shape, recorder)
         for kind, batches in sweeps(state):

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import vllm_mamba
+from .drivers import cross, device_scope, require_triton
 from .vllm_mamba import AutotuneCandidates, drive, python_bodies, real_host, summary, tensor_parallel, warmup_failures
-from .vllm_sampler import _device_scope, _require_triton, cross
 from .vllm_serve import answering_flash_attn_version, fa_version
 
 LAYER_NAME = "model.layers.0.linear_attn"
@@ -40,7 +40,7 @@ CHUNK = 64  # FLA_CHUNK_SIZE (ops/utils.py): every chunk kernel's BT
 CONTEXT = 37  # tokens already in a request's state before a decode or a continued prefill
 GDN_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
 # Modules that read the TP world size and rank: the linear layers and the GDN base class (GatedDeltaNetAttention).
-TP_USERS = (*vllm_mamba._TP_USERS, "vllm.model_executor.layers.mamba.gdn.base")
+TP_USERS = (*vllm_mamba.TP_USERS, "vllm.model_executor.layers.mamba.gdn.base")
 CORE_OPS = ("qwen_gdn_attention_core", "qwen_gdn_attention_core_fused_norm_packed")
 
 
@@ -91,9 +91,9 @@ def gdn(*, hidden_size: int, linear_num_key_heads: int, linear_num_value_heads: 
                 kv_cache_dtype, block_size, max_model_len)
     check_arguments(dims, entries)
     substitutions = prepare()
-    _require_triton()
+    require_triton()
     tuner = FlaAutotuneCandidates() if cross() else None
-    with tensor_parallel(dims.tp, TP_USERS), _device_scope(), real_host(), device_zero(), \
+    with tensor_parallel(dims.tp, TP_USERS), device_scope(), real_host(), device_zero(), \
             (tuner or contextlib.nullcontext()):
         layer = make_layer(dims, max_num_seqs, max_num_batched_tokens)
         calls = drive(layer, entries, lambda e: sweep(e, max_num_seqs, max_num_batched_tokens, num_speculative_tokens),

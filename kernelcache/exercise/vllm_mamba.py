@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .vllm_sampler import _device_scope, _require_triton, cross
+from .drivers import cross, device_scope, require_triton
 
 LAYER_NAME = "model.layers.0.mixer"
 MIXER_MODULE = "vllm.model_executor.layers.mamba.mamba_mixer2"
@@ -55,9 +55,9 @@ def mamba(*, hidden_size: int, mamba_num_heads: int, mamba_head_dim: int, ssm_st
                 dtype, mamba_ssm_cache_dtype, tensor_parallel_size)
     check_arguments(dims, entries)
     substitutions = prepare()
-    _require_triton()
+    require_triton()
     tuner = AutotuneCandidates() if cross() else None
-    with tensor_parallel(tensor_parallel_size), _device_scope(), real_host(), (tuner or contextlib.nullcontext()):
+    with tensor_parallel(tensor_parallel_size), device_scope(), real_host(), (tuner or contextlib.nullcontext()):
         layer = make_layer(dims, max_num_seqs, max_num_batched_tokens)
         calls = drive(layer, entries, lambda e: sweep(e, max_num_seqs, max_num_batched_tokens, chunk_size),
                       forward, profile)
@@ -227,12 +227,12 @@ def host_only(args: Any, kwargs: dict) -> bool:
 
 # -- tensor parallelism without a process group ---------------------------------------------------------------
 
-_TP_USERS = ("vllm.model_executor.layers.mamba.mamba_mixer2", "vllm.model_executor.layers.linear",
+TP_USERS = ("vllm.model_executor.layers.mamba.mamba_mixer2", "vllm.model_executor.layers.linear",
              "vllm.distributed", "vllm.distributed.parallel_state")
 
 
 @contextlib.contextmanager
-def tensor_parallel(size: int, users: tuple[str, ...] = _TP_USERS):
+def tensor_parallel(size: int, users: tuple[str, ...] = TP_USERS):
     """A one-process world (gloo) when none exists; for TP > 1, rank 0 of ``size`` as the layers see it
     (their ``get_tensor_model_parallel_world_size`` / ``_rank``), without a group: the Mamba path on one rank
     runs no collective when ``n_groups % size == 0`` and the norm is not grouped across ranks."""

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .vllm_sampler import _device_scope, _require_triton, cross
+from .drivers import cross, device_scope, require_triton
 
 LAYER_NAME = "model.layers.0.mlp.experts"
 DTYPES = ("bfloat16", "float16")
@@ -60,8 +60,8 @@ def moe(num_experts: int, hidden_size: int, intermediate_size: int, top_k: int, 
     entries = list(entries) if entries else ["layer"]
     check_arguments(intermediate_size, dtype, tensor_parallel_size, entries)
     substitutions = prepare()
-    _require_triton()
-    with _device_scope():
+    require_triton()
+    with device_scope():
         layer = make_layer(num_experts, hidden_size, intermediate_size, top_k, dtype, tensor_parallel_size)
         substitutions["calls"] = python_bodies(layer, entries) if cross() else []
         start_workspace()

@@ -23,9 +23,9 @@ from typing import Any
 from ..plan.families.mrv2_spec_decode import CONTACTS
 from ..plan.releases import resolve, since
 from . import fake_ops
+from .drivers import SPLIT_MAX_BATCH, cross, device_scope, model_logits, require_triton, sm_count
 from .fake_runner_ops import runner_ops
 from .vllm_runner import MIXES, Config, host_tensor, logprob_classes, prepare_attn, sampling_params
-from .vllm_sampler import SPLIT_MAX_BATCH, _device_scope, _model_logits, _require_triton, _sm_count, cross
 from .watch import seen
 
 ENTRIES = ("warmup", "batches")
@@ -44,7 +44,7 @@ def mrv2_spec_decode(*, vocab: int, max_num_seqs: int, num_speculative_tokens: i
     """Every entry for one config; returns what ran (calls per case, the layouts, the substitutions)."""
     entries = list(entries) if entries else list(ENTRIES)
     check_arguments(num_speculative_tokens, method, entries)
-    _require_triton()
+    require_triton()
     dtypes = dtypes or ["bfloat16"]
     spec = Spec(Config(vocab, max_num_seqs, max_model_len, max_num_batched_tokens, block_size),
                 num_speculative_tokens, method, model_dtype(dtypes))
@@ -52,7 +52,7 @@ def mrv2_spec_decode(*, vocab: int, max_num_seqs: int, num_speculative_tokens: i
     # The speculator imports attn_utils (-> fa_utils, which imports vllm_flash_attn) and vllm.v1.worker.utils
     # (-> w8a8_utils, which asks _C.cutlass_scaled_mm_supports_block_fp8 at import): exercise/fake_ops.py.
     shims = install_fakes()
-    with _device_scope(), runner_ops(cross()) as substituted, host_ops(cross()):
+    with device_scope(), runner_ops(cross()) as substituted, host_ops(cross()):
         if "warmup" in entries:
             warmup(spec, calls)
         layouts = batch_layouts(spec) if "batches" in entries else []
@@ -266,7 +266,7 @@ class DraftModel:
         return self.hidden(hidden_states.shape[0])
 
     def compute_logits(self, hidden_states: Any) -> Any:
-        return _model_logits(hidden_states.shape[0], self.spec.config.vocab, self.dtype)
+        return model_logits(hidden_states.shape[0], self.spec.config.vocab, self.dtype)
 
     def forward(self, num_tokens: int, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         """``_run_model``: LlamaEagle3's forward returns (hidden_states, aux_output), two tensors."""
@@ -404,7 +404,7 @@ def step(state: State, dtype: str, indices: list[int], scheduled: list[int], dra
     output = sample(state, batch, dtype, grammar)
     if batch.has_prefill:
         state.prompt_logprobs.compute_prompt_logprobs(
-            lambda h: _model_logits(h.shape[0], spec.config.vocab, getattr(torch, dtype)), hidden, batch,
+            lambda h: model_logits(h.shape[0], spec.config.vocab, getattr(torch, dtype)), hidden, batch,
             state.req_states.all_token_ids.gpu, state.req_states.num_computed_tokens.gpu,
             state.req_states.prompt_len.np)
     post_update(state, batch, output)
@@ -423,7 +423,7 @@ def sample(state: State, batch: Any, dtype: str, grammar: bool) -> Any:
     import torch
 
     vocab = state.spec.config.vocab
-    logits = _model_logits(int(batch.cu_num_logits_np[-1]), vocab, getattr(torch, dtype))
+    logits = model_logits(int(batch.cu_num_logits_np[-1]), vocab, getattr(torch, dtype))
     invalid = None
     if grammar:  # warmup.py: every request structured, a permissive bitmask with decode_query_len rows each
         bitmask = np.full((batch.num_reqs * (state.spec.k + 1), (vocab + 31) // 32), -1, dtype=np.int32)
@@ -571,10 +571,10 @@ def _int_class(x: int) -> tuple[bool, bool]:
 
 
 def _topk_class(spec: Spec, rows: int) -> tuple:
-    """The top-k/top-p batch class of ``rows`` (vllm_sampler.batch_classes)."""
+    """The top-k/top-p batch class of ``rows`` (drivers.batch_classes)."""
     from vllm.v1.sample.ops.topk_topp_triton import _topp_split_count
 
-    split = _topp_split_count(rows, spec.config.vocab, _sm_count()) if rows <= SPLIT_MAX_BATCH else None
+    split = _topp_split_count(rows, spec.config.vocab, sm_count()) if rows <= SPLIT_MAX_BATCH else None
     return rows == 1, rows <= SPLIT_MAX_BATCH, split
 
 

@@ -8,7 +8,7 @@ sequence as ``GPUModelRunner.execute_model`` / ``sample_tokens`` order it: stage
 ``prepare_attn``, the grammar bitmask, the sampler, prompt logprobs, ``post_update``.
 
 Triton specializes here on the logits dtype and row stride (batch classes 1 and > 1), the top-k/top-p batch
-classes (``vllm_sampler.batch_classes``), the logprobs count (``logprob_classes``) and buffer strides fixed by
+classes (``drivers.batch_classes``), the logprobs count (``logprob_classes``) and buffer strides fixed by
 the config; batch and prefill lengths only size grids, so prompts are short. In cross mode the CUDA runtime calls
 on the way are faked by exercise/fake_runner_ops.py (listed in the summary). What is not driven: docs/FAMILIES.md,
 "runner".
@@ -22,8 +22,8 @@ from typing import Any
 
 from ..plan.families.runner import CONTACTS
 from ..plan.releases import resolve
+from .drivers import batch_classes, cross, device_scope, model_logits, require_triton, sm_count
 from .fake_runner_ops import runner_ops
-from .vllm_sampler import _device_scope, _model_logits, _require_triton, _sm_count, batch_classes, cross
 from .watch import seen
 
 PROMPT_LEN = 3  # warmup.py uses decode_query_len + 1 tokens: a prefill that is not a uniform decode
@@ -37,12 +37,12 @@ MIXES = ("top_k_top_p", "top_k", "top_p", "mixed", "greedy")
 def runner(vocab: int, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int, block_size: int = 16,
            dtypes: list[str] | None = None, max_logprobs: int = MAX_LOGPROBS) -> dict:
     """Every batch class x logits dtype through a prefill and a decode step, then every logprobs class."""
-    _require_triton()
+    require_triton()
     dtypes = dtypes or ["bfloat16"]
-    batches = [b for b in batch_classes(vocab, max_num_seqs, _sm_count())
+    batches = [b for b in batch_classes(vocab, max_num_seqs, sm_count())
                if b * PROMPT_LEN <= max_num_batched_tokens]
     calls: Counter = Counter()
-    with _device_scope(), runner_ops(cross()) as substituted:
+    with device_scope(), runner_ops(cross()) as substituted:
         config = Config(vocab, max_num_seqs, max_model_len, max_num_batched_tokens, block_size)
         for dtype in dtypes:
             for batch in batches:
@@ -209,7 +209,7 @@ def step(runner_state: Runner, dtype: str, indices: list[int], scheduled: list[i
     batch = prepare_inputs(runner_state, np.array(indices, dtype=np.intp), np.array(scheduled, dtype=np.int32),
                            prefill)
     prepare_attn(runner_state, batch)
-    logits = _model_logits(batch.num_reqs, runner_state.config.vocab, getattr(torch, dtype))
+    logits = model_logits(batch.num_reqs, runner_state.config.vocab, getattr(torch, dtype))
     if prefill:  # warmup.py builds a GrammarOutput for the prefill step: every request structured
         bitmask = np.full((batch.num_reqs, (runner_state.config.vocab + 31) // 32), -1, dtype=np.int32)
         runner_state.structured_outputs.apply_grammar_bitmask(logits, batch, batch.req_ids, bitmask)
@@ -219,7 +219,7 @@ def step(runner_state: Runner, dtype: str, indices: list[int], scheduled: list[i
     if prefill:
         hidden = torch.empty((batch.num_tokens, 64), dtype=getattr(torch, dtype), device="cuda")
         runner_state.prompt_logprobs.compute_prompt_logprobs(
-            lambda h: _model_logits(h.shape[0], runner_state.config.vocab, getattr(torch, dtype)), hidden, batch,
+            lambda h: model_logits(h.shape[0], runner_state.config.vocab, getattr(torch, dtype)), hidden, batch,
             runner_state.req_states.all_token_ids.gpu, runner_state.req_states.num_computed_tokens.gpu,
             runner_state.req_states.prompt_len.np)
     req = runner_state.req_states

@@ -20,20 +20,12 @@ in native mode vLLM's real platform and real tensors are used and these function
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import os
 from collections import Counter
 from typing import Any
 
+from .drivers import batch_classes, cross, device_scope, model_logits, require_triton, sm_count
 from .watch import seen
-
-SPLIT_MAX_BATCH = 64  # vllm/v1/sample/ops/topk_topp_triton.py _SPLIT_MAX_BATCH
-VOCAB_PADDING = 64  # vllm/model_executor/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
-
-
-def cross() -> bool:
-    return os.environ.get("KERNELCACHE_TARGET_MODE") == "cross"
 
 
 def setup_platform(capability: int, sm_count: int, product: str = "NVIDIA GPU") -> None:
@@ -65,41 +57,6 @@ def setup_platform(capability: int, sm_count: int, product: str = "NVIDIA GPU") 
     vllm.platforms._current_platform = TargetCudaPlatform()
 
 
-def _device_scope():
-    if cross():
-        from .fake_device import fake_cuda
-
-        return fake_cuda()
-    return contextlib.nullcontext()
-
-
-def _require_triton() -> None:
-    from vllm.triton_utils import HAS_TRITON
-
-    if not HAS_TRITON:
-        raise RuntimeError("vLLM disabled Triton in this process (HAS_TRITON is False); nothing would compile")
-
-
-def batch_classes(vocab: int, max_batch: int, sm_count: int) -> list[int]:
-    """One batch size per distinct top-k/top-p specialization: B==1, each split count S, B>64."""
-    from vllm.v1.sample.ops.topk_topp_triton import _topp_split_count
-
-    seen, picks = set(), []
-    for batch in range(1, max_batch + 1):
-        split = _topp_split_count(batch, vocab, sm_count) if batch <= SPLIT_MAX_BATCH else None
-        cls = (batch == 1, batch <= SPLIT_MAX_BATCH, split)
-        if cls not in seen:
-            seen.add(cls)
-            picks.append(batch)
-    return picks
-
-
-def _sm_count() -> int:
-    from vllm.utils.platform_utils import num_compute_units
-
-    return num_compute_units()
-
-
 # -- registry -------------------------------------------------------------------------------------
 
 
@@ -108,7 +65,7 @@ def registry(vocab: int, max_num_seqs: int, num_speculative_tokens: int = 0) -> 
     from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
     from vllm.v1.sample.ops.topk_topp_sampler import register_top_k_top_p_warmups
 
-    _require_triton()
+    require_triton()
     config = registry_config(vocab, max_num_seqs, num_speculative_tokens)
     reg = JitWarmupRegistry(config)
     with reg.activate():
@@ -148,25 +105,25 @@ def mrv1(vocab: int, modes: list[str], batch_sizes: list[int] | None = None, max
     import torch
     from vllm.v1.sample.sampler import Sampler
 
-    _require_triton()
-    batch_sizes = batch_sizes or batch_classes(vocab, max_batch, _sm_count())
+    require_triton()
+    batch_sizes = batch_sizes or batch_classes(vocab, max_batch, sm_count())
     sampler = Sampler()
     calls = Counter()
-    with _device_scope():
+    with device_scope():
         for batch in batch_sizes:
             for mode, dtype in itertools.product(modes, dtypes or ["float32"]):
                 use_k, use_p = MODES[mode]
-                metadata = _mrv1_metadata(batch, vocab, use_k, use_p)
+                metadata = mrv1_metadata(batch, vocab, use_k, use_p)
                 for with_seed in ([True] if seeded else []) + ([False] if unseeded else []):
-                    generators = {0: _generator(seed=0)} if with_seed else {}
-                    logits = _model_logits(batch, vocab, getattr(torch, dtype))
-                    output = sampler(logits=logits, sampling_metadata=_replace(metadata, generators=generators))
+                    generators = {0: seeded_generator(seed=0)} if with_seed else {}
+                    logits = model_logits(batch, vocab, getattr(torch, dtype))
+                    output = sampler(logits=logits, sampling_metadata=replace_metadata(metadata, generators=generators))
                     seen("sampler.sampled", tokens=output.sampled_token_ids)
                     calls[f"{mode}:{dtype}{':seeded' if with_seed else ''}"] += 1
     return {"forward": sampler.topk_topp_sampler.forward.__name__, "batch_sizes": batch_sizes, "calls": dict(calls)}
 
 
-def _generator(seed: int):
+def seeded_generator(seed: int):
     """The seeded generator of a request. Cross mode: a CPU generator (CPU torch has no CUDA RNG);
     it only feeds ``exponential_`` in ``random_sample``, a torch op, never a Triton key."""
     import torch
@@ -175,7 +132,7 @@ def _generator(seed: int):
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def _mrv1_metadata(batch: int, vocab: int, use_k: bool, use_p: bool):
+def mrv1_metadata(batch: int, vocab: int, use_k: bool, use_p: bool):
     import torch
     from vllm.v1.sample.logits_processor import LogitsProcessors
     from vllm.v1.sample.metadata import SamplingMetadata
@@ -205,7 +162,7 @@ def _mrv1_metadata(batch: int, vocab: int, use_k: bool, use_p: bool):
     )
 
 
-def _replace(metadata, **changes):
+def replace_metadata(metadata, **changes):
     from dataclasses import replace
 
     return replace(metadata, **changes)
@@ -223,17 +180,17 @@ def mrv2(vocab: int, modes: list[str], model_dtypes: list[str], max_num_reqs: in
     from vllm.v1.worker.gpu.sample.gumbel import apply_temperature, gumbel_sample
     from vllm.v1.worker.gpu.sample.min_p import apply_min_p
 
-    _require_triton()
-    batch_sizes = batch_sizes or batch_classes(vocab, max_batch, _sm_count())
+    require_triton()
+    batch_sizes = batch_sizes or batch_classes(vocab, max_batch, sm_count())
     calls = Counter()
-    with _device_scope():
+    with device_scope():
         state = _mrv2_state(max_num_reqs)
         for batch in batch_sizes:
             mapping = torch.arange(batch, dtype=torch.int64, device="cuda")
             pos = torch.zeros(batch, dtype=torch.int64, device="cuda")
             for mode in modes:  # a seeded (or processed) request: fp32 copy, then the chain
                 use_k, use_p = MODES[mode]
-                logits = _model_logits(batch, vocab, getattr(torch, model_dtypes[0] if model_dtypes else "float32"))
+                logits = model_logits(batch, vocab, getattr(torch, model_dtypes[0] if model_dtypes else "float32"))
                 processed = torch.empty_like(logits, dtype=torch.float32).copy_(logits)
                 apply_temperature(processed, mapping, state["temperature"])
                 if min_p:
@@ -248,7 +205,7 @@ def mrv2(vocab: int, modes: list[str], model_dtypes: list[str], max_num_reqs: in
                 seen("sampler.sampled", tokens=tokens)
                 calls[f"seeded:{mode}"] += 1
             for name in model_dtypes:  # greedy or unprocessed: raw model-dtype logits
-                logits = _model_logits(batch, vocab, getattr(torch, name))
+                logits = model_logits(batch, vocab, getattr(torch, name))
                 tokens = gumbel_sample(logits, mapping, state["temperature"], state["seeds"], pos,
                                        apply_temperature=True, is_drafting=False, use_fp64=fp64_gumbel)
                 seen("sampler.sampled", tokens=tokens)
@@ -267,15 +224,6 @@ def _mrv2_state(max_num_reqs: int) -> dict:
         "min_p": torch.full((max_num_reqs,), 0.1, dtype=torch.float32, device="cuda"),
         "seeds": torch.full((max_num_reqs,), 1234, dtype=torch.int64, device="cuda"),
     }
-
-
-def _model_logits(batch: int, vocab: int, dtype) -> Any:
-    """Logits as the LM head returns them: padded to a multiple of 64 columns, then sliced."""
-    import torch
-
-    padded = -(-vocab // VOCAB_PADDING) * VOCAB_PADDING
-    logits = torch.randn((batch, padded), dtype=dtype, device="cuda")
-    return logits[:, :vocab]
 
 
 # -- FlashInfer (native mode) ---------------------------------------------------------------------

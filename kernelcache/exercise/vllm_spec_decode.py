@@ -22,17 +22,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .vllm_sampler import (
-    MODES,
-    _device_scope,
-    _generator,
-    _model_logits,
-    _mrv1_metadata,
-    _replace,
-    _require_triton,
-    kernel_name,
-    registry_config,
-)
+from .drivers import device_scope, model_logits, require_triton
+from .vllm_sampler import MODES, kernel_name, mrv1_metadata, registry_config, replace_metadata, seeded_generator
 
 
 def spec_decode(vocab: int, max_num_seqs: int, num_speculative_tokens: int, max_model_len: int,
@@ -40,8 +31,8 @@ def spec_decode(vocab: int, max_num_seqs: int, num_speculative_tokens: int, max_
     """Both parts for one vocab size; returns what each part ran."""
     if num_speculative_tokens < 1:
         raise ValueError("spec_decode needs num_speculative_tokens >= 1")
-    _require_triton()
-    with _device_scope():
+    require_triton()
+    with device_scope():
         keys = registry(vocab, max_num_seqs, num_speculative_tokens, max_model_len, fp64_gumbel)
         calls = rejection(vocab, max_num_seqs, num_speculative_tokens, dtypes or ["float32"])
     return {"registry": keys, "rejection": calls}
@@ -100,7 +91,7 @@ def rejection(vocab: int, max_num_seqs: int, num_speculative_tokens: int, dtypes
         metadata = SpecDecodeMetadata.make_dummy([[0] * n for n in drafts], torch.device("cuda"))
         num_tokens, batch = sum(drafts), len(drafts)
         for composition, mode, with_probs, dtype in _cases(dtypes):
-            logits = _model_logits(num_tokens + batch, vocab, getattr(torch, dtype))
+            logits = model_logits(num_tokens + batch, vocab, getattr(torch, dtype))
             draft_probs = torch.rand((num_tokens, vocab), dtype=torch.float32, device="cuda") if with_probs else None
             sampler(metadata, draft_probs, logits, _sampling(batch, vocab, composition, mode))
             calls[f"{composition}:{mode}:{dtype}:{'probs' if with_probs else 'noprobs'}"] += 1
@@ -120,10 +111,10 @@ def draft_layouts(vocab: int, max_num_seqs: int, num_speculative_tokens: int) ->
     """Draft counts per request: for every batch class of the draft rows (the top-k/top-p kernels see
     ``sum(drafts)`` rows: 1, each split count, more than 64) the fewest requests holding that many drafts,
     and every ``max_spec_len`` from 1 to ``num_speculative_tokens`` (an int Triton specializes on)."""
-    from .vllm_sampler import _sm_count, batch_classes
+    from .drivers import batch_classes, sm_count
 
     layouts = []
-    for rows in batch_classes(vocab, max_num_seqs * num_speculative_tokens, _sm_count()):
+    for rows in batch_classes(vocab, max_num_seqs * num_speculative_tokens, sm_count()):
         full, rest = divmod(rows, num_speculative_tokens)
         layouts.append([num_speculative_tokens] * full + ([rest] if rest else []))
     layouts += [[spec] * max_num_seqs for spec in range(1, num_speculative_tokens + 1)]
@@ -140,12 +131,12 @@ def _sampling(batch: int, vocab: int, composition: str, mode: str):
     from vllm.v1.sample.rejection_sampler import GREEDY_TEMPERATURE
 
     use_k, use_p = MODES.get(mode, (False, False))
-    metadata = _mrv1_metadata(batch, vocab, use_k=use_k, use_p=use_p)
+    metadata = mrv1_metadata(batch, vocab, use_k=use_k, use_p=use_p)
     temperature = torch.full((batch,), 0.7, device="cuda")
     if composition == "greedy":
         temperature = torch.full((batch,), float(GREEDY_TEMPERATURE), device="cuda")
     elif composition == "mixed":
         temperature[0] = GREEDY_TEMPERATURE
-    generators = {0: _generator(seed=0)} if composition != "greedy" else {}
-    return _replace(metadata, temperature=temperature, all_greedy=composition == "greedy",
+    generators = {0: seeded_generator(seed=0)} if composition != "greedy" else {}
+    return replace_metadata(metadata, temperature=temperature, all_greedy=composition == "greedy",
                     all_random=composition == "random", generators=generators)

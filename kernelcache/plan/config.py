@@ -1,6 +1,6 @@
 """Reading a model config's fields (a Hugging Face ``config.json`` or a recipe's ``[model]`` table): an error
 names the file and the field. plan/model.py reads the fields every model has; a family reads its own layers'
-(plan/families/: ``Family.model_section``)."""
+(plan/families/: ``Family.model.section``)."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ verify and docs/FAMILIES.md learn the families from the registry (plan/families/
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,56 +70,72 @@ class ModelSection:
     config_keys: frozenset[str] = frozenset()
 
 
-def _always(plan: BuildPlan) -> bool:
-    return True
-
-
-def _no_check(plan: BuildPlan, where: str) -> None:
-    return None
-
-
-def _no_tasks(plan: BuildPlan, vocab: int) -> tuple[Task, ...]:
-    return ()
-
-
 @dataclass(frozen=True)
-class Family:
-    """One build path and everything the house needs to know about it.
+class About:
+    """What a family says of itself to people and to the checks around a build (not to the plan): docs/FAMILIES.md's
+    row, the installed-module and vLLM-release checks (plan/targets.py), the GPU check scripts/gpu/prove.py runs."""
 
-    ``tasks(plan, vocab)`` plans the path's exercise tasks (``vocab`` is 0 for a ``MODEL`` unit), each calling
-    ``exercise`` and labelled with the family's name; the plan runs them only when ``name`` is in ``plan.paths``.
-    ``default(plan)``: whether a recipe that names no paths gets this one. ``from_model(model, plan)``: whether
-    ``--model-config`` adds it (None: the model neither adds nor drops it); ``model_rank`` orders the paths a model
-    adds and the families' ``check`` calls, as plans record and have always recorded them. ``check(plan, where)``
-    raises ``RecipeError`` when the plan cannot build the path. ``model_section``: the family's own layers in a
-    model config (a hybrid model's Mamba-2 layers), which ``ModelSpec.section`` then holds. ``releases`` and
-    ``contacts``: the vLLM releases that have the path and the vLLM internals its exercise touches in each
-    (plan/releases.py)."""
-
-    name: str
     summary: str  # what it builds, one line (docs/FAMILIES.md)
-    exercise: str  # the ``module:function`` its tasks call ("" when it plans no Triton task)
     requires: tuple[str, str]  # (the module that must be installed, what to call it in an error)
-    reads: tuple[str, ...] = ()  # the plan and model fields its tasks read
-    unit: str = VOCAB  # VOCAB or MODEL: which exercise process runs its tasks
-    tasks: Callable[[BuildPlan, int], tuple[Task, ...]] = _no_tasks
+    reads: tuple[str, ...] = ()  # the plan and model fields its tasks read (tests/test_families.py holds it to them)
     note: str = ""  # what --path's help says of it in brackets ("needs a MoE model")
-    needs_drafts: bool = False  # the path runs only with num_speculative_tokens >= 1
-    default: Callable[[BuildPlan], bool] = _always
-    from_model: Callable[[ModelSpec, BuildPlan], bool] | None = None
-    model_section: ModelSection | None = None  # its layers' own fields in a model config
-    model_owned: bool = False  # the model alone decides it: --model-config drops it unless from_model adds it
-    model_rank: int = 100
-    check: Callable[[BuildPlan, str], None] = _no_check
     probe: str = ""  # the independent key probe (tests/probes/), from the repository root
     gpu_check: str = ""  # the check scripts/gpu/prove.py runs on a GPU: a file under scripts/gpu/checks/
     proven: str = ""  # the GPU its check passed on (BENCHMARKS.md), for docs/FAMILIES.md
     releases: tuple[str, ...] = SUPPORTED  # the vLLM minor releases that have the path (plan/releases.py)
     contacts: tuple[Contact, ...] = ()  # every vLLM internal its exercise imports or calls, per release
     lacks: str = ""  # why a supported release not in ``releases`` lacks the path (the build's refusal says it)
-    flags: tuple[Flag, ...] = ()  # the vLLM serve flags its kernels depend on that no other family declares
-    keys_follow_device: bool = False  # vLLM picks its kernels' configs by the GPU's device name (a bundle per product)
-    flashinfer: str = ""  # FlashInfer modules: "built" (the build compiles the module), "tasks" (its tasks JIT them)
+
+
+@dataclass(frozen=True)
+class ModelRole:
+    """How a model config bears on a family: ``section``, its own layers' fields (a hybrid model's Mamba-2 layers,
+    which ``ModelSpec.section`` then holds); ``owned``: the model alone decides the path (``--model-config`` drops it
+    unless ``Family.from_model`` adds it); ``rank`` orders the paths a model adds and the families' ``check`` calls,
+    as plans record and have always recorded them."""
+
+    section: ModelSection | None = None
+    owned: bool = False
+    rank: int = 100
+
+
+class Family(ABC):
+    """The seam a build path plugs into, as Triton's ``CacheManager`` is the seam a cache plugs into: a family
+    subclasses it, sets what it declares and implements ``tasks``; the registry (plan/families/) holds one instance.
+
+    Declared: ``name`` (the path: ``vllm.paths``, ``--path``), ``exercise`` (the ``module:function`` its tasks call,
+    written here once: ``task`` makes each), ``about`` (docs and checks), and where they differ from the defaults:
+    ``unit`` (VOCAB or MODEL: which exercise process runs its tasks), ``flags`` (the vLLM serve flags its kernels
+    depend on, which the CLI, a recipe and the serve shorthand then take), ``keys_follow_device`` (vLLM picks its
+    kernels' configs by the GPU's device name: a bundle per product), ``flashinfer`` (its FlashInfer modules: "built"
+    when the build compiles the module, "tasks" when its tasks JIT them), ``needs_drafts`` (it runs only with
+    num_speculative_tokens >= 1) and ``model`` (how a model config bears on it)."""
+
+    name: str
+    exercise: str  # "" when it plans no Triton task
+    about: About
+    unit: str = VOCAB
+    flags: tuple[Flag, ...] = ()
+    keys_follow_device: bool = False
+    flashinfer: str = ""
+    needs_drafts: bool = False
+    model: ModelRole = ModelRole()
+
+    @abstractmethod
+    def tasks(self, plan: BuildPlan, vocab: int) -> tuple[Task, ...]:
+        """The path's exercise tasks for ``plan`` (``vocab`` is 0 for a ``MODEL`` unit), each made by ``task``."""
+
+    def check(self, plan: BuildPlan, where: str) -> None:
+        """Raise ``RecipeError`` when the plan cannot build the path (nothing to check by default)."""
+        return None
+
+    def default(self, plan: BuildPlan) -> bool:
+        """Whether a recipe that names no paths gets this one."""
+        return True
+
+    def from_model(self, model: ModelSpec, plan: BuildPlan) -> bool | None:
+        """Whether ``--model-config`` adds it (None: the model neither adds nor drops it)."""
+        return None
 
     def task(self, kwargs: dict | None = None) -> Task:
         """One of its tasks: ``exercise`` called with ``kwargs``, labelled with the family's name."""
@@ -127,3 +144,6 @@ class Family:
     def planned(self, plan: BuildPlan, vocab: int = 0) -> tuple[Task, ...]:
         """Its tasks for ``plan`` (none when the plan does not name the path)."""
         return self.tasks(plan, vocab) if self.name in plan.paths else ()
+
+    def __repr__(self) -> str:
+        return f"<family {self.name}>"

@@ -17,7 +17,7 @@ with ``use_sliding_window: false``; models whose ``layer_types`` mix ``sliding_a
 ``full_attention`` (Gemma 2/3, gpt-oss) have layers of both kinds.
 
 A family's own layers (a hybrid model's Mamba-2 or gated-delta-net layers) are read by the family's declaration
-(plan/families/: ``Family.model_section``): ``ModelSpec.section(key)`` holds them, and plans record each under its
+(plan/families/: ``Family.model.section``): ``ModelSpec.section(key)`` holds them, and plans record each under its
 key.
 """
 
@@ -44,8 +44,8 @@ _COMMON_KEYS = {"name", "architectures", "vocab_size", "hidden_size", "intermedi
 
 
 def sections() -> tuple:
-    """The families' model sections (``Family.model_section``), in path order: mamba, gdn, then any registered."""
-    return tuple(f.model_section for f in families.families() if f.model_section)
+    """The families' model sections (``ModelRole.section``), in path order: mamba, gdn, then any registered."""
+    return tuple(f.model.section for f in families.families() if f.model.section)
 
 
 def recipe_keys() -> set[str]:

@@ -76,8 +76,10 @@ class PlanOverrides:
     def of(cls, **values: Any) -> PlanOverrides:
         """The overrides from keyword values, a family flag without a field of its own going into ``flags``."""
         own = {f.name for f in fields(cls)}
-        rest = {k: v for k, v in values.items() if k not in own and v is not None}
-        return cls(**{k: v for k, v in values.items() if k in own}, flags=rest or None)
+        if unknown := set(values) - own - {f.name for f in families.flags()}:
+            raise TypeError(f"PlanOverrides got unknown field(s): {', '.join(sorted(unknown))}")
+        rest = {**(values.get("flags") or {}), **{k: v for k, v in values.items() if k not in own and v is not None}}
+        return cls(**{k: v for k, v in values.items() if k in own and k != "flags"}, flags=rest or None)
 
     def flag(self, name: str) -> Any:
         """A family flag's value (None: not given)."""
@@ -168,7 +170,7 @@ class BuildPlan:
         """Command-line flags over the file, checked like the file (a bad flag is a usage error).
 
         ``overrides`` or the same fields as keywords (``plan.override(paths=["mrv2"])``)."""
-        given = overrides or PlanOverrides(**flags)
+        given = overrides or PlanOverrides.of(**flags)
         try:
             plan = self._override_model(given) if given.model_config else self
             plan = plan._override(given.gpus, given.vocabs, given.dtypes, given.max_num_seqs, given.paths)
@@ -207,8 +209,8 @@ class BuildPlan:
         the mamba or gdn path and, when the plan serves with the Triton attention backend, the attention path
         (unless --path says otherwise)."""
         model = load_config(given.model_config)
-        wanted = tuple(f.name for f in families.by_model_rank() if f.from_model and f.from_model(model, self))
-        paths = tuple(p for p in self.paths if not families.get(p).model_owned) + tuple(
+        wanted = tuple(f.name for f in families.by_model_rank() if f.from_model(model, self))
+        paths = tuple(p for p in self.paths if not families.get(p).model.owned) + tuple(
             p for p in wanted if p not in self.paths)
         return replace(self, model=model, name=_plain_name(model.name), paths=paths,
                        vocabs=(Vocab(model.vocab_size, (model.name,)),), dtypes=_model_dtypes(model))

@@ -25,7 +25,7 @@ from .recipe import BuildPlan
 
 def required_module(path: str) -> tuple[str, str]:
     """(the module a path needs installed, what to call it): the family's own declaration."""
-    return families.get(path).requires
+    return families.get(path).about.requires
 
 
 def device_keyed(plan: BuildPlan) -> bool:
@@ -76,13 +76,13 @@ def check_release(paths: tuple[str, ...], version: str) -> None:
     if release not in releases.SUPPORTED:
         raise ReleaseUnsupported(f"{head}, not {release}: every path is affected ({', '.join(paths)}); install a "
                                  "supported vllm (scripts/setup.sh VLLM_VERSION=...)")
-    lacking = [families.get(p) for p in paths if release not in families.get(p).releases]
+    lacking = [families.get(p) for p in paths if release not in families.get(p).about.releases]
     if lacking:
-        why = "; ".join(dict.fromkeys(f.lacks for f in lacking if f.lacks))
+        why = "; ".join(dict.fromkeys(f.about.lacks for f in lacking if f.about.lacks))
         keep = " ".join(f"--path {p}" for p in paths if p not in {f.name for f in lacking})
         raise ReleaseUnsupported(f"{head}; {release} lacks the path(s) {', '.join(f.name for f in lacking)}"
                                  f"{f' ({why})' if why else ''}: build {keep or 'other paths'}")
-    moved = [(p, c.symbol) for p in paths for c in releases.current(families.get(p).contacts, version)
+    moved = [(p, c.symbol) for p in paths for c in releases.current(families.get(p).about.contacts, version)
              if not _module_file(c.module)]
     if moved:
         where = ", ".join(f"{symbol} ({path})" for path, symbol in moved)

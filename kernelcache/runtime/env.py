@@ -3,7 +3,7 @@
 Everything is carried by environment variables, so it reaches vLLM's engine and worker
 processes: vLLM sets ``TRITON_CACHE_DIR`` itself only when it is unset (``initialize_inductor_cache``
 in vllm/compilation/compiler_interface.py), so one set before it starts is kept.
-When the cache holds FlashInfer modules, runtime/flashinfer.py adds PYTHONPATH (its provider
+When the cache holds FlashInfer modules, runtime/flashinfer_env.py adds PYTHONPATH (its provider
 registration) and ``FLASHINFER_DISABLE_JIT=1``. When it keeps Triton's ``triton_key()`` (written by the
 install that computed it), ``KERNELCACHE_TRITON_KEYS`` and kernelcache's site dir on PYTHONPATH let
 served processes skip hashing libtriton.so (hooks/kernelcache_tritonkey.py). When an installed bundle
@@ -24,28 +24,27 @@ from pathlib import Path
 from .. import enginecompile
 from ..bundle.trust import Policy, policy
 from ..cachedir import CacheDir, recover
-from ..cachedir.layout import cache_root
 from ..errors import AlreadyActivated, ReadOnlyCache, UsageError
 from ..hooks import kernelcache_autotune, kernelcache_tritonkey
-from . import flashinfer
+from . import flashinfer_env
 from .match import check as check_served
 from .served import remember_served, snapshot
 from .shell import exec_command, shell_exports
 
 
-def environment(root: Path) -> dict[str, str]:
-    """The variables that make Triton and FlashInfer use the installed cache at ``root`` (resolved: ``CacheDir``)."""
-    variables = {"TRITON_CACHE_DIR": str(root)}
-    variables.update(flashinfer.environment(root))
-    variables.update(triton_key_environment(root, variables))
-    variables.update(autotune_environment(root, variables))
-    variables.update(enginecompile.environment(root))
+def environment(cache: CacheDir) -> dict[str, str]:
+    """The variables that make Triton and FlashInfer use the installed cache ``cache``."""
+    variables = {"TRITON_CACHE_DIR": str(cache.root)}
+    variables.update(flashinfer_env.environment(cache.root))
+    variables.update(triton_key_environment(cache, variables))
+    variables.update(autotune_environment(cache, variables))
+    variables.update(enginecompile.environment(cache.root))
     return variables
 
 
-def triton_key_environment(root: Path, variables: dict[str, str]) -> dict[str, str]:
-    """``KERNELCACHE_TRITON_KEYS`` and the site dir on PYTHONPATH, if ``root`` keeps Triton keys."""
-    folder = CacheDir(root).triton_keys
+def triton_key_environment(cache: CacheDir, variables: dict[str, str]) -> dict[str, str]:
+    """``KERNELCACHE_TRITON_KEYS`` and the site dir on PYTHONPATH, if ``cache`` keeps Triton keys."""
+    folder = cache.triton_keys
     if not folder.is_dir():
         kernelcache_tritonkey.say("kept Triton records", "none", f"no {folder}: served processes compute "
                                   "triton_key() and run Triton's tool queries themselves")
@@ -55,10 +54,10 @@ def triton_key_environment(root: Path, variables: dict[str, str]) -> dict[str, s
     return {kernelcache_tritonkey.ENV_VAR: str(folder), "PYTHONPATH": site_path(variables)}
 
 
-def autotune_environment(root: Path, variables: dict[str, str]) -> dict[str, str]:
+def autotune_environment(cache: CacheDir, variables: dict[str, str]) -> dict[str, str]:
     """Triton's autotune cache on, guarded (hooks/kernelcache_autotune.py), if a bundle installed in
-    ``root`` put autotune choices there; nothing otherwise."""
-    if not CacheDir(root).choices_installed():
+    ``cache`` put autotune choices there; nothing otherwise."""
+    if not cache.choices_installed():
         return {}
     return {**kernelcache_autotune.environment(), "PYTHONPATH": site_path(variables)}
 
@@ -70,7 +69,7 @@ def site_path(variables: dict[str, str]) -> str:
 
     current = variables.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     entries = [p for p in current.split(os.pathsep) if p and p != str(SITE_DIR)]
-    providers = [p for p in entries if flashinfer.is_site_path(p)]
+    providers = [p for p in entries if flashinfer_env.is_site_path(p)]
     path = [*providers, str(SITE_DIR), *(p for p in entries if p not in providers)]
     return os.pathsep.join(dict.fromkeys(path))
 
@@ -98,64 +97,62 @@ def env(cache_dir: str | os.PathLike | None = None, *, read_only: bool = False,
     ``read_only``: serve hits from the read-only installed cache ``base`` (default: ``cache_dir``) and
     compile misses into the writable ``overlay``, logging each to ``miss_log`` (runtime/overlay.py).
     """
+    cache = served_cache(cache_dir, read_only, base, overlay, miss_log)
+    return overlay_env(cache, overlay, miss_log) if read_only else CacheEnvironment(prepare(None, cache))
+
+
+def served_cache(cache_dir: str | os.PathLike | None, read_only: bool, base: str | os.PathLike | None,
+                 overlay: str | os.PathLike | None, miss_log: str | os.PathLike | None) -> CacheDir:
+    """The cache dir ``env`` / ``run`` serve, resolved once: ``base`` (read-only) or ``cache_dir``, the default
+    one when neither is given."""
     if not read_only:
-        _no_overlay_options(base, overlay, miss_log)
-        return CacheEnvironment(prepare(None, cache_dir)[1])
-    if base is not None and cache_dir is not None:
+        given = [flag for flag, value in (("--base", base), ("--overlay", overlay), ("--miss-log", miss_log)) if value]
+        if given:
+            raise UsageError(f"{', '.join(given)} only make sense with --read-only")
+    elif base is not None and cache_dir is not None:
         raise UsageError("give the read-only cache as --base or as --cache-dir, not both")
+    return CacheDir.at(base if base is not None else cache_dir)
+
+
+def overlay_env(cache: CacheDir, overlay: str | os.PathLike | None,
+                miss_log: str | os.PathLike | None) -> CacheEnvironment:
+    """The read-only ``cache`` served through a writable overlay (runtime/overlay.py)."""
     from .overlay import prepare_overlay
 
-    setup = prepare_overlay(base if base is not None else cache_dir, overlay, miss_log)
-    warnings = () if setup.bundles else (f"{setup.base} holds no kernelcache install receipt; serving it as a plain "
-                                         "Triton cache",)
+    setup = prepare_overlay(cache, overlay, miss_log)
+    warnings = () if setup.bundles else (f"{setup.base.root} holds no kernelcache install receipt; serving it as a "
+                                         "plain Triton cache",)
     return CacheEnvironment(setup.environment(), True, warnings)
 
 
-def _no_overlay_options(base, overlay, miss_log) -> None:
-    given = [flag for flag, value in (("--base", base), ("--overlay", overlay), ("--miss-log", miss_log)) if value]
-    if given:
-        raise UsageError(f"{', '.join(given)} only make sense with --read-only")
-
-
-def prepare(bundle: str | os.PathLike | None, cache_dir: str | os.PathLike | None, force: bool = False,
-            signature_policy: Policy | None = None) -> tuple[Path, dict[str, str]]:
-    """Install ``bundle`` if given (a no-op when already there), finish interrupted installs; the cache dir and
-    its variables. ``signature_policy``: what the bundle's signature must be (None: from the environment)."""
-    return prepare_at(bundle, CacheDir.at(cache_dir), force, signature_policy)
-
-
-def prepare_at(bundle: str | os.PathLike | None, cache: CacheDir, force: bool = False,
-               signature_policy: Policy | None = None, asked: bool = False) -> tuple[Path, dict[str, str]]:
-    """``prepare`` for a cache dir already resolved. ``asked``: the caller already asked whether ``bundle`` was
-    checked here before, and had no answer (else the install step asks, and loads the installer only when the
-    answer is no)."""
-    root = cache.root
+def prepare(bundle: str | os.PathLike | None, cache: CacheDir, force: bool = False,
+            signature_policy: Policy | None = None) -> dict[str, str]:
+    """Install ``bundle`` if given (a no-op when already there), finish interrupted installs; the variables of the
+    cache dir. ``signature_policy``: what the bundle's signature must be (None: from the environment)."""
     if bundle is not None:
-        signature_policy = signature_policy or policy()
-        root = _install(bundle, cache, force, signature_policy, asked)
-    check_read_only(root)
+        install_checked(bundle, cache, force, signature_policy or policy())
+    check_read_only(cache)
+    root = cache.root
     if root.is_dir() and os.access(root, os.W_OK):
-        recover(root)
+        recover(cache)
     before = snapshot(root)
-    variables = environment(root)
+    variables = environment(cache)
     remember_served(root, variables, before)  # the next start only checks them (served.py)
-    return root, variables
+    return variables
 
 
-def _install(bundle: str | os.PathLike, cache: CacheDir, force: bool, signature_policy: Policy, asked: bool) -> Path:
-    """Install ``bundle`` into ``cache`` (install.py ``install_into``), loading the installer only when the bundle was
-    not accepted here before under what holds now (cachedir/checked.py: asked once, here or by the caller)."""
-    if not asked:
-        from ..cachedir.checked import find_checked
+def install_checked(bundle: str | os.PathLike, cache: CacheDir, force: bool, signature_policy: Policy) -> None:
+    """Install ``bundle`` into ``cache`` unless it was accepted here before under what holds now: asked once
+    (cachedir/checked.py), so the installer (install.py) is loaded only when the answer is no."""
+    from ..cachedir.checked import find_checked
 
-        if find_checked(bundle, cache.root, policy=signature_policy) is not None:
-            return cache.root
-    from ..install import install_into
+    if find_checked(bundle, cache.root, policy=signature_policy) is None:
+        from ..install import install_into
 
-    return install_into(bundle, cache, force=force, signature_policy=signature_policy, asked=True).cache_dir
+        install_into(bundle, cache, force=force, signature_policy=signature_policy)
 
 
-def check_read_only(root: Path) -> None:
+def check_read_only(cache: CacheDir) -> None:
     """A read-only cache dir without the overlay: refuse it when every kernel would miss, else warn.
 
     Triton's ``FileCacheManager`` creates the directory of a key it does not find, so a key the cache
@@ -165,10 +162,11 @@ def check_read_only(root: Path) -> None:
     the install path: refused. Served where it was installed, it hits whatever the bundle holds: a
     warning. ``--read-only`` serves either through an overlay that writes misses elsewhere.
     """
+    root = cache.root
     if not root.is_dir() or os.access(root, os.W_OK):
         return
     here = os.path.realpath(root)
-    elsewhere = sorted({r.cache_dir for r in CacheDir(root).receipts()
+    elsewhere = sorted({r.cache_dir for r in cache.receipts()
                         if r.cache_dir and os.path.realpath(r.cache_dir) != here})
     if elsewhere:
         raise ReadOnlyCache(
@@ -197,9 +195,9 @@ def activate(*, bundle: str | os.PathLike | None = None, cache_dir: str | os.Pat
     cache = CacheDir.at(cache_dir)
     if bundle is None and not cache.root.is_dir():
         raise UsageError(f"cache dir {cache.root} does not exist; install a bundle into it first (or pass bundle=...)")
-    _, variables = prepare_at(bundle, cache, force, policy(require_signature, trusted_keys) if bundle else None)
+    variables = prepare(bundle, cache, force, policy(require_signature, trusted_keys) if bundle else None)
     _refuse_if_pinned(variables["TRITON_CACHE_DIR"])
-    if any(flashinfer.is_site_path(p) for p in variables.get("PYTHONPATH", "").split(os.pathsep)):
+    if any(flashinfer_env.is_site_path(p) for p in variables.get("PYTHONPATH", "").split(os.pathsep)):
         _refuse_if_flashinfer_loaded()
     os.environ.update(variables)
     _extend_sys_path(variables.get("PYTHONPATH", ""))
@@ -224,15 +222,15 @@ def run(command: Sequence[str], bundle: str | os.PathLike | None = None,
     Returns only when ``command`` cannot be run (it raises then)."""
     if not command:
         raise UsageError("nothing to run: give a command after --")
+    if read_only and bundle is not None:
+        raise UsageError("--read-only serves an installed cache; install --bundle into it first")
+    cache = served_cache(cache_dir, read_only, base, overlay, miss_log)
     if read_only:
-        if bundle is not None:
-            raise UsageError("--read-only serves an installed cache; install --bundle into it first")
-        found = env(cache_dir, read_only=True, base=base, overlay=overlay, miss_log=miss_log)
+        found = overlay_env(cache, overlay, miss_log)
     else:
-        _no_overlay_options(base, overlay, miss_log)
         signature_policy = policy(require_signature, trusted_keys) if bundle is not None else None
-        found = CacheEnvironment(prepare(bundle, cache_dir, force, signature_policy)[1])
-    check_served(command, cache_root(cache_dir), strict)
+        found = CacheEnvironment(prepare(bundle, cache, force, signature_policy))
+    check_served(command, cache.root, strict)
     exec_command(command, found.variables)
     return found
 

@@ -18,7 +18,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from ..cachedir.layout import STATE_DIR
+from ..cachedir.layout import INSTALLED, state_path
 from ..errors import ServeMismatch
 from ..plan import families
 from ..plan.serve import ServeCommand
@@ -49,7 +49,7 @@ def serve_words(command: Sequence[str]) -> ServeCommand | None:
 
 def built_for(root: str | os.PathLike) -> list[dict]:
     """The serve records (``ServeConfig.record()``) of the bundles installed in ``root``."""
-    folder = os.path.join(os.fspath(root), STATE_DIR, "installed")
+    folder = state_path(os.fspath(root), INSTALLED)
     found = []
     try:
         names = sorted(os.listdir(folder))

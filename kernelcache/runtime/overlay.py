@@ -15,7 +15,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cachedir import STATE_DIR, CacheDir, resolve_cache_dir
+from ..cachedir import STATE_DIR, CacheDir
+from ..cachedir.layout import MISS_LOG
 from ..errors import BaseUnusable, StorageError, UsageError
 from ..hooks import kernelcache_autotune, kernelcache_tritonkey
 
@@ -26,7 +27,7 @@ OVERLAY_ENV = "KERNELCACHE_OVERLAY"
 
 @dataclass(frozen=True)
 class Overlay:
-    base: Path
+    base: CacheDir  # the read-only installed cache
     overlay: Path
     miss_log: Path
     bundles: int  # complete installed bundles found in the base
@@ -36,7 +37,7 @@ class Overlay:
         return {
             "TRITON_CACHE_DIR": str(self.overlay),
             "TRITON_CACHE_MANAGER": MANAGER,
-            "KERNELCACHE_BASE_DIR": str(self.base),
+            "KERNELCACHE_BASE_DIR": str(self.base.root),
             "KERNELCACHE_MISS_LOG": str(self.miss_log),
             "PYTHONPATH": os.pathsep.join(dict.fromkeys(path)),
             **self._triton_keys(),
@@ -48,15 +49,15 @@ class Overlay:
         """vLLM's compile artifacts of the base, if any (enginecompile.py ``read_only_environment``)."""
         from ..enginecompile import read_only_environment
 
-        return read_only_environment(self.base, self.overlay)
+        return read_only_environment(self.base.root, self.overlay)
 
     def _choices(self) -> dict[str, str]:
         """Triton's autotune cache on, guarded, if a bundle installed in the base put autotune choices there."""
-        return kernelcache_autotune.environment() if CacheDir(self.base).choices_installed() else {}
+        return kernelcache_autotune.environment() if self.base.choices_installed() else {}
 
     def _triton_keys(self) -> dict[str, str]:
         """The base's kept ``triton_key()`` values (hooks/kernelcache_tritonkey.py), if it has any."""
-        folder = CacheDir(self.base).triton_keys
+        folder = self.base.triton_keys
         return {kernelcache_tritonkey.ENV_VAR: str(folder)} if folder.is_dir() else {}
 
 
@@ -64,30 +65,30 @@ def default_overlay() -> Path:
     return Path(os.environ.get(OVERLAY_ENV) or Path(tempfile.gettempdir()) / "kernelcache-overlay")
 
 
-def prepare_overlay(base: str | os.PathLike | None, overlay: str | os.PathLike | None = None,
+def prepare_overlay(base: CacheDir, overlay: str | os.PathLike | None = None,
                     miss_log: str | os.PathLike | None = None) -> Overlay:
     """Check the base (read only), create the overlay, and return the set-up."""
-    root = resolve_cache_dir(base)
+    root = base.root
     top = Path(os.path.abspath(overlay)) if overlay is not None else default_overlay()
     if top == root:
         raise UsageError(f"the overlay must not be the read-only base ({root})")
-    bundles = check_base(root)
-    log = Path(os.path.abspath(miss_log)) if miss_log is not None else top / STATE_DIR / "misses.jsonl"
+    bundles = check_base(base)
+    log = Path(os.path.abspath(miss_log)) if miss_log is not None else top / STATE_DIR / MISS_LOG
     _writable(top)
     _writable(log.parent)
-    return Overlay(root, top, log, bundles)
+    return Overlay(base, top, log, bundles)
 
 
-def overlay_environment(base: str | os.PathLike | None, overlay: str | os.PathLike | None = None,
+def overlay_environment(base: CacheDir, overlay: str | os.PathLike | None = None,
                         miss_log: str | os.PathLike | None = None) -> dict[str, str]:
     return prepare_overlay(base, overlay, miss_log).environment()
 
 
-def check_base(root: Path) -> int:
+def check_base(cache: CacheDir) -> int:
     """Refuse a base that would miss: absent, half-installed, or missing files its receipts list."""
+    root = cache.root
     if not root.is_dir():
         raise BaseUnusable(f"read-only base {root} is not a directory")
-    cache = CacheDir(root)
     if cache.pending_journals():
         raise BaseUnusable(f"read-only base {root} holds an unfinished install; run `kernelcache install` "
                            "into it while it is still writable")

@@ -37,7 +37,17 @@ import json
 import os
 import sys
 
-from ..cachedir.layout import FLASHINFER_MODULES_DIR, STATE_DIR, keep_newest, kept_records, unfinished
+from ..cachedir.layout import (
+    FLASHINFER_MODULES_DIR,
+    INSTALLED,
+    SERVED,
+    STATE_DIR,
+    TRITON_KEYS,
+    keep_newest,
+    kept_records,
+    state_path,
+    unfinished,
+)
 from ..hooks.kernelcache_records import SAME_INODE, stamp
 from ..version import __version__
 from .workspace import workspace_base
@@ -54,13 +64,13 @@ def _inputs(root: str) -> dict:
 
 def _record_path(root: str, inputs: dict) -> str:
     name = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
-    return os.path.join(root, STATE_DIR, "served", f"{name}.json")
+    return state_path(root, SERVED, f"{name}.json")
 
 
 def _state_paths(root: str) -> list[str]:
     """What the variables are computed from: the receipts, the kept keys, the FlashInfer files, sys.path."""
     state, modules = os.path.join(root, STATE_DIR), os.path.join(root, FLASHINFER_MODULES_DIR)
-    paths = [os.path.join(state, "installed"), os.path.join(state, "triton-keys"), modules]
+    paths = [os.path.join(state, INSTALLED), os.path.join(state, TRITON_KEYS), modules]
     for top, dirs, files in os.walk(modules):
         dirs.sort()
         paths += [os.path.join(top, name) for name in [top, *sorted(files)]]
@@ -175,7 +185,7 @@ def _stamps_hold(stamps: object) -> bool:
 def last_served(root: str | os.PathLike) -> float | None:
     """When ``env``, ``run`` or ``activate()`` last served the cache dir ``root`` (where it was writable): the
     newest record's mtime. None when none is kept."""
-    found = kept_records(os.fspath(root), "served")
+    found = kept_records(os.fspath(root), SERVED)
     return found[0][1] if found else None
 
 

@@ -369,7 +369,7 @@ def child(path: str, profile: bool, wait: bool, pin: int | None = None) -> dict:
     install_phases(phases)
     watch.install()
     phases.wrap(triton.knobs.compilation, "listener", "compile_listener")  # this harness's own counting
-    with _device_scope():
+    with device_scope():
         step = scenario(path, phases, marks)
         sync()
         setup = time.perf_counter() - started
@@ -429,7 +429,7 @@ def _fake_target():
     return lambda: None
 
 
-def _device_scope():
+def device_scope():
     """Fake CUDA tensors in a dry run (kernelcache/exercise/fake_device.py); nothing otherwise."""
     import contextlib
 

@@ -26,7 +26,7 @@ rm -rf "$OUT" "$WORK" "$CARRY/fi-site.tar.xz"; mkdir -p "$OUT" "$WORK/site/bin" 
 # 1. The bundle.
 nice -n 19 "$PY" -m kernelcache build --recipe llama-3.1-8b-flashinfer --arch sm_90 --gpu h200 --output-dir "$OUT" \
   --no-build-cache
-NINJA_DIR=$("$PY" -c 'import kernelcache.exercise.flashinfer as f; print(f.ensure_toolchain().ninja_dir)')
+NINJA_DIR=$("$PY" -c 'import kernelcache.exercise.flashinfer_sampling as f; print(f.ensure_toolchain().ninja_dir)')
 export PATH=$NINJA_DIR:$PATH
 # 2. FlashInfer: its Python package, and the files of its data/ tree that the bundled modules' builds read.
 "$PY" - "$OUT" "$WORK/site" <<'PY'

@@ -75,8 +75,8 @@ def checks() -> dict[str, tuple[str, ...]]:
 
     found: dict[str, list[str]] = {}
     for family in families():
-        if family.gpu_check:
-            found.setdefault(family.gpu_check, []).append(family.name)
+        if family.about.gpu_check:
+            found.setdefault(family.about.gpu_check, []).append(family.name)
     return {name: tuple(paths) for name, paths in found.items()}
 
 

@@ -22,7 +22,7 @@ from .common import clean_env
 def require_flashinfer() -> None:
     """Skip without flashinfer-python and the toolchain; scripts/test.sh makes that a failure."""
     from kernelcache.errors import MissingDependency
-    from kernelcache.exercise.flashinfer import find_toolchain
+    from kernelcache.exercise.flashinfer_sampling import find_toolchain
 
     try:
         if package_version("flashinfer-python") is None:

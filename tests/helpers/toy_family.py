@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelcache.plan.family import Family, Flag, Task
+from kernelcache.plan.family import About, Family, Flag, Task
 
 BLOCK = Flag("--toy-block", ("256", "128", "512"), "vLLM --toy-block (toy): the toy kernel's block.")
 
@@ -30,10 +30,18 @@ def toy(vocab: int, block: int) -> dict:
     return {"launches": 1, "block": block}
 
 
-def _tasks(plan, vocab: int) -> tuple[Task, ...]:
-    return (FAMILY.task({"vocab": vocab, "block": int(plan.flag(BLOCK.name))}),)
+class Toy(Family):
+    name = "toy"
+    exercise = "helpers.toy_family:toy"
+    about = About("a test's toy family: one Triton kernel, its block from a vLLM flag", ("triton", "Triton"),
+                  reads=("vocab", BLOCK.name), note="a test's toy")
+    flags = (BLOCK,)
+
+    def tasks(self, plan, vocab: int) -> tuple[Task, ...]:
+        return (self.task({"vocab": vocab, "block": int(plan.flag(BLOCK.name))}),)
+
+    def default(self, plan) -> bool:
+        return False
 
 
-FAMILY = Family("toy", "a test's toy family: one Triton kernel, its block from a vLLM flag", "helpers.toy_family:toy",
-                ("triton", "Triton"), reads=("vocab", BLOCK.name), tasks=_tasks, note="a test's toy",
-                default=lambda plan: False, flags=(BLOCK,))
+FAMILY = Toy()

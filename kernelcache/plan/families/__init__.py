@@ -16,7 +16,7 @@ import importlib
 import os
 
 from ...errors import UsageError
-from ..family import MODEL, VOCAB, Family, Flag
+from ..family import MODEL, VOCAB, About, Family, Flag, ModelRole
 from ..releases import SUPPORTED
 from . import (
     attention,
@@ -98,17 +98,17 @@ def flashinfer(how: str | None = None) -> tuple[str, ...]:
 
 def by_model_rank() -> tuple[Family, ...]:
     """The families in the order a model config adds paths and the plan checks them."""
-    return tuple(sorted(_FAMILIES.values(), key=lambda f: f.model_rank))
+    return tuple(sorted(_FAMILIES.values(), key=lambda f: f.model.rank))
 
 
 def path_help() -> str:
     """``--path``'s help: every path, consecutive ones with the same note grouped ("a and b (need drafts)")."""
     groups: list[tuple[str, list[str]]] = []
     for family in _FAMILIES.values():
-        if groups and groups[-1][0] == family.note:
+        if groups and groups[-1][0] == family.about.note:
             groups[-1][1].append(family.name)
         else:
-            groups.append((family.note, [family.name]))
+            groups.append((family.about.note, [family.name]))
     parts = [", ".join(names) if not note else f"{', '.join(names[:-1])} and {names[-1]} ({note})"
              if len(names) > 1 else f"{names[0]} ({note})" for note, names in groups]
     return f"Path(s): {', '.join(parts)}."
@@ -119,9 +119,10 @@ def table() -> str:
     rows = ["| path | unit | what it builds | exercise | reads | key probe | GPU check | proven |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for f in _FAMILIES.values():
-        cells = (f"`{f.name}`", f.unit or "—", f.summary, f"`{f.exercise}`", ", ".join(f.reads),
-                 f"`{f.probe}`" if f.probe else "—", f"`scripts/gpu/checks/{f.gpu_check}.py`" if f.gpu_check else "—",
-                 f.proven or "—")
+        about = f.about
+        cells = (f"`{f.name}`", f.unit or "—", about.summary, f"`{f.exercise}`", ", ".join(about.reads),
+                 f"`{about.probe}`" if about.probe else "—",
+                 f"`scripts/gpu/checks/{about.gpu_check}.py`" if about.gpu_check else "—", about.proven or "—")
         rows.append(f"| {' | '.join(cells)} |")
     return "\n".join(rows) + "\n"
 
@@ -129,9 +130,9 @@ def table() -> str:
 def release_matrix() -> dict:
     """The family x vLLM-release table as JSON (``kernelcache recipes --json``): the supported releases and, per
     path, the releases that have it (and why a supported one lacks it)."""
-    return {"supported": list(SUPPORTED),
-            "paths": {f.name: {"releases": list(f.releases), **({"lacks": f.lacks} if f.lacks else {})}
-                      for f in _FAMILIES.values()}}
+    return {"supported": list(SUPPORTED), "paths": {f.name: {"releases": list(f.about.releases),
+                                                            **({"lacks": f.about.lacks} if f.about.lacks else {})}
+                                                    for f in _FAMILIES.values()}}
 
 
 def release_table() -> str:
@@ -139,18 +140,18 @@ def release_table() -> str:
     rows = [f"| path | {' | '.join(f'vLLM {r}' for r in SUPPORTED)} | contact points | of them release-specific |",
             f"| --- | {' | '.join('---' for _ in SUPPORTED)} | --- | --- |"]
     for f in _FAMILIES.values():
-        cells = ["yes" if r in f.releases else "no" for r in SUPPORTED]
-        names = dict.fromkeys(c.name for c in f.contacts)
+        cells = ["yes" if r in f.about.releases else "no" for r in SUPPORTED]
+        names = dict.fromkeys(c.name for c in f.about.contacts)
         rows.append(f"| `{f.name}` | {' | '.join(cells)} | {len(names)} | "
                     f"{', '.join(f'`{n}`' for n in names if _differs(f, n)) or '—'} |")
-    notes = dict.fromkeys(f.lacks for f in _FAMILIES.values() if f.lacks)
+    notes = dict.fromkeys(f.about.lacks for f in _FAMILIES.values() if f.about.lacks)
     return "\n".join(rows) + "\n" + "".join(f"\n{note}.\n" for note in notes)
 
 
 def _differs(family: Family, name: str) -> bool:
     """Whether the contact ``name`` differs between the releases that have ``family`` (moved, changed, gone)."""
-    named = [c for c in family.contacts if c.name == name]
-    return len(named) > 1 or not set(family.releases) <= set(named[0].releases)
+    named = [c for c in family.about.contacts if c.name == name]
+    return len(named) > 1 or not set(family.about.releases) <= set(named[0].releases)
 
 
 # vLLM's serve flags kernelcache takes as shorthands for every family (plan/serve.py SHORTHAND): no family
@@ -159,6 +160,6 @@ ENGINE_FLAGS = ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "tens
                 "attention_backend", "kv_cache_dtype", "block_size", "num_speculative_tokens")
 _plug_ins(os.environ.get("KERNELCACHE_FAMILIES", ""))
 
-__all__ = ["BUILTIN", "ENGINE_FLAGS", "MODEL", "VOCAB", "Family", "Flag", "by_model_rank", "device_keyed",
-           "families", "flags", "flashinfer", "get", "names", "path_help", "register", "release_matrix",
-           "release_table", "table", "unregister"]
+__all__ = ["BUILTIN", "ENGINE_FLAGS", "MODEL", "VOCAB", "About", "Family", "Flag", "ModelRole", "by_model_rank",
+           "device_keyed", "families", "flags", "flashinfer", "get", "names", "path_help", "register",
+           "release_matrix", "release_table", "table", "unregister"]

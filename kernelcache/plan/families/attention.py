@@ -4,7 +4,7 @@ over capture, decode, prefill and mixed batches, once per sliding window of the 
 from __future__ import annotations
 
 from ...errors import RecipeError
-from ..family import MODEL, Family, Task
+from ..family import MODEL, About, Family, ModelRole, Task
 from ..releases import Contact, stable
 
 # The TRITON_ATTN layer, its metadata builder and the KV-cache views (exercise/vllm_attention.py); the block-table
@@ -40,30 +40,6 @@ TRITON_ATTN = "TRITON_ATTN"
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
-def _tasks(plan, vocab: int) -> tuple[Task, ...]:
-    model = plan.model
-    if model is None:
-        return ()
-    return tuple(FAMILY.task({
-        "num_heads": model.num_attention_heads, "num_kv_heads": model.num_key_value_heads,
-        "head_size": model.head_dim, "dtype": model.dtype, "kv_cache_dtype": plan.kv_cache_dtype,
-        "block_size": plan.block_size, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
-        "max_num_batched_tokens": plan.max_num_batched_tokens, "sliding_window": window,
-        "tensor_parallel_size": plan.tensor_parallel_size})
-        for window in model.attention_windows)
-
-
-def _check(plan, where: str) -> None:
-    if plan.attention_backend != TRITON_ATTN:
-        raise RecipeError(f"{where}: the attention path builds vLLM's Triton attention backend; it needs "
-                          f"attention_backend = TRITON_ATTN (--attention-backend), the plan has "
-                          f"{plan.attention_backend}")
-    if plan.kv_cache_dtype != "auto":
-        raise RecipeError(f"{where}: the attention path builds kv_cache_dtype auto only (the model's dtype); "
-                          f"an {plan.kv_cache_dtype} KV cache's Triton kernels are not exercised yet")
-    check_heads(plan, "attention", where)
-
-
 def check_heads(plan, path: str, where: str) -> None:
     """An attention path needs a model whose attention heads the tensor-parallel size divides."""
     model = plan.model
@@ -80,14 +56,47 @@ def served(plan) -> bool:
     return plan.attention_backend == TRITON_ATTN
 
 
-FAMILY = Family(
-    "attention", "vLLM's Triton attention backend (TRITON_ATTN), once per sliding window",
-    "kernelcache.exercise.vllm_attention:attention",
-    ("vllm.v1.attention.backends.triton_attn", "vLLM's Triton attention backend"),
-    reads=("model.num_attention_heads", "model.num_key_value_heads", "model.head_dim", "model.dtype",
-           "model.sliding_window", "model.full_attention_layers", "kv_cache_dtype", "block_size", "max_num_seqs",
-           "max_model_len", "max_num_batched_tokens", "tensor_parallel_size"),
-    unit=MODEL, tasks=_tasks, note="needs --attention-backend TRITON_ATTN",
-    default=lambda plan: plan.model is not None and served(plan), from_model=lambda model, plan: served(plan),
-    model_rank=4, check=_check, probe="tests/probes/attention_keys.py", gpu_check="attention", proven="H200",
-    contacts=CONTACTS)
+class Attention(Family):
+    name = "attention"
+    exercise = "kernelcache.exercise.vllm_attention:attention"
+    about = About(
+        "vLLM's Triton attention backend (TRITON_ATTN), once per sliding window",
+        ("vllm.v1.attention.backends.triton_attn", "vLLM's Triton attention backend"),
+        reads=("model.num_attention_heads", "model.num_key_value_heads", "model.head_dim", "model.dtype",
+               "model.sliding_window", "model.full_attention_layers", "kv_cache_dtype", "block_size", "max_num_seqs",
+               "max_model_len", "max_num_batched_tokens", "tensor_parallel_size"),
+        note="needs --attention-backend TRITON_ATTN", probe="tests/probes/attention_keys.py", gpu_check="attention",
+        proven="H200", contacts=CONTACTS)
+    unit = MODEL
+    model = ModelRole(rank=4)
+
+    def tasks(self, plan, vocab: int) -> tuple[Task, ...]:
+        model = plan.model
+        if model is None:
+            return ()
+        return tuple(self.task({
+            "num_heads": model.num_attention_heads, "num_kv_heads": model.num_key_value_heads,
+            "head_size": model.head_dim, "dtype": model.dtype, "kv_cache_dtype": plan.kv_cache_dtype,
+            "block_size": plan.block_size, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
+            "max_num_batched_tokens": plan.max_num_batched_tokens, "sliding_window": window,
+            "tensor_parallel_size": plan.tensor_parallel_size})
+            for window in model.attention_windows)
+
+    def check(self, plan, where: str) -> None:
+        if plan.attention_backend != TRITON_ATTN:
+            raise RecipeError(f"{where}: the attention path builds vLLM's Triton attention backend; it needs "
+                              f"attention_backend = TRITON_ATTN (--attention-backend), the plan has "
+                              f"{plan.attention_backend}")
+        if plan.kv_cache_dtype != "auto":
+            raise RecipeError(f"{where}: the attention path builds kv_cache_dtype auto only (the model's dtype); "
+                              f"an {plan.kv_cache_dtype} KV cache's Triton kernels are not exercised yet")
+        check_heads(plan, "attention", where)
+
+    def default(self, plan) -> bool:
+        return plan.model is not None and served(plan)
+
+    def from_model(self, model, plan) -> bool:
+        return served(plan)
+
+
+FAMILY = Attention()

@@ -5,7 +5,7 @@ per sliding window of the model's layers."""
 from __future__ import annotations
 
 from ...errors import RecipeError
-from ..family import MODEL, Family, Task
+from ..family import MODEL, About, Family, ModelRole, Task
 from ..releases import stable
 from .attention import check_heads
 
@@ -20,41 +20,52 @@ FLASHINFER = "FLASHINFER"  # vLLM's --attention-backend name of its FlashInfer b
 EXERCISE = "kernelcache.exercise.vllm_flashinfer"
 
 
-def _tasks(plan, vocab: int) -> tuple[Task, ...]:
-    model = plan.model
-    if model is None:
-        return ()
-    return tuple(FAMILY.task({
-        "num_heads": model.num_attention_heads, "num_kv_heads": model.num_key_value_heads,
-        "head_size": model.head_dim, "dtype": model.dtype, "kv_cache_dtype": plan.kv_cache_dtype,
-        "block_size": plan.block_size, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
-        "max_num_batched_tokens": plan.max_num_batched_tokens, "sliding_window": window,
-        "logits_soft_cap": model.logits_soft_cap, "tensor_parallel_size": plan.tensor_parallel_size,
-        "attention_backend": plan.attention_backend, "cubins": plan.flashinfer_cubins})
-        for window in model.attention_windows)
-
-
-def _check(plan, where: str) -> None:
-    if plan.attention_backend not in (FLASHINFER, "auto"):
-        raise RecipeError(f"{where}: the flashinfer_attention path builds vLLM's FlashInfer attention backend; it "
-                          f"needs attention_backend = FLASHINFER (or auto, where vLLM picks FlashInfer), the plan has "
-                          f"{plan.attention_backend}")
-    check_heads(plan, "flashinfer_attention", where)
-
-
 def served(plan) -> bool:
     """Whether the plan names vLLM's FlashInfer backend (a model recipe then builds the path)."""
     return plan.attention_backend == FLASHINFER
 
 
-FAMILY = Family(
-    "flashinfer_attention", "the FlashInfer JIT modules of vLLM's FLASHINFER attention backend, once per sliding "
-    "window", f"{EXERCISE}:flashinfer_attention",
-    ("vllm.v1.attention.backends.flashinfer", "vLLM's FlashInfer attention backend"),
-    reads=("model.num_attention_heads", "model.num_key_value_heads", "model.head_dim", "model.dtype",
-           "model.sliding_window", "model.full_attention_layers", "model.logits_soft_cap", "kv_cache_dtype",
-           "block_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "tensor_parallel_size",
-           "attention_backend", "flashinfer_cubins"),
-    unit=MODEL, tasks=_tasks, note="needs --attention-backend FLASHINFER",
-    default=lambda plan: plan.model is not None and served(plan), from_model=lambda model, plan: served(plan),
-    model_rank=7, check=_check, flashinfer="tasks", gpu_check="flashinfer_attention", proven="H100", contacts=CONTACTS)
+class FlashInferAttention(Family):
+    name = "flashinfer_attention"
+    exercise = f"{EXERCISE}:flashinfer_attention"
+    about = About(
+        "the FlashInfer JIT modules of vLLM's FLASHINFER attention backend, once per sliding window",
+        ("vllm.v1.attention.backends.flashinfer", "vLLM's FlashInfer attention backend"),
+        reads=("model.num_attention_heads", "model.num_key_value_heads", "model.head_dim", "model.dtype",
+               "model.sliding_window", "model.full_attention_layers", "model.logits_soft_cap", "kv_cache_dtype",
+               "block_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "tensor_parallel_size",
+               "attention_backend", "flashinfer_cubins"),
+        note="needs --attention-backend FLASHINFER", gpu_check="flashinfer_attention", proven="H100",
+        contacts=CONTACTS)
+    unit = MODEL
+    flashinfer = "tasks"
+    model = ModelRole(rank=7)
+
+    def tasks(self, plan, vocab: int) -> tuple[Task, ...]:
+        model = plan.model
+        if model is None:
+            return ()
+        return tuple(self.task({
+            "num_heads": model.num_attention_heads, "num_kv_heads": model.num_key_value_heads,
+            "head_size": model.head_dim, "dtype": model.dtype, "kv_cache_dtype": plan.kv_cache_dtype,
+            "block_size": plan.block_size, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
+            "max_num_batched_tokens": plan.max_num_batched_tokens, "sliding_window": window,
+            "logits_soft_cap": model.logits_soft_cap, "tensor_parallel_size": plan.tensor_parallel_size,
+            "attention_backend": plan.attention_backend, "cubins": plan.flashinfer_cubins})
+            for window in model.attention_windows)
+
+    def check(self, plan, where: str) -> None:
+        if plan.attention_backend not in (FLASHINFER, "auto"):
+            raise RecipeError(f"{where}: the flashinfer_attention path builds vLLM's FlashInfer attention backend; "
+                              f"it needs attention_backend = FLASHINFER (or auto, where vLLM picks FlashInfer), the "
+                              f"plan has {plan.attention_backend}")
+        check_heads(plan, "flashinfer_attention", where)
+
+    def default(self, plan) -> bool:
+        return plan.model is not None and served(plan)
+
+    def from_model(self, model, plan) -> bool:
+        return served(plan)
+
+
+FAMILY = FlashInferAttention()

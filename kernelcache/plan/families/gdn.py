@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from ...errors import RecipeError
 from ..config import integer
-from ..family import MODEL, Family, Flag, ModelSection, Task
+from ..family import MODEL, About, Family, Flag, ModelRole, ModelSection, Task
 from ..releases import stable
 from .mamba import SSM_CACHE_DTYPES
 
@@ -93,50 +93,56 @@ PREFILL_BACKEND = Flag("--gdn-prefill-backend", GDN_PREFILL_BACKENDS, "vLLM --gd
                        "choice: FlashInfer's CUDA module on Hopper), triton (the FLA Triton kernels), flashinfer.")
 
 
-def _tasks(plan, vocab: int) -> tuple[Task, ...]:
-    """Once per dtype the layers run in, with the serving settings their kernels depend on: drafts, the prefill
-    backend, and the attention layers' page, which the GDN state's page is padded to (its block stride is a
-    constexpr of the decode kernels)."""
-    model = plan.model
-    layers = model.section("gdn") if model else None
-    if layers is None:
-        return ()
-    return tuple(FAMILY.task({
-        **asdict(layers), "hidden_size": model.hidden_size, "dtype": dtype, "max_num_seqs": plan.max_num_seqs,
-        "max_num_batched_tokens": plan.max_num_batched_tokens, "tensor_parallel_size": plan.tensor_parallel_size,
-        "num_speculative_tokens": plan.num_speculative_tokens, "gdn_prefill_backend": plan.flag("gdn_prefill_backend"),
-        "num_key_value_heads": model.num_key_value_heads, "head_dim": model.head_dim,
-        "attention_backend": plan.attention_backend, "kv_cache_dtype": plan.kv_cache_dtype,
-        "block_size": plan.block_size, "max_model_len": plan.max_model_len})
-        for dtype in plan.layer_dtypes)
+class Gdn(Family):
+    name = "gdn"
+    exercise = "kernelcache.exercise.vllm_gdn:gdn"
+    about = About(
+        "a hybrid model's gated-delta-net layers (QwenGatedDeltaNetAttention), every FLA autotune candidate",
+        ("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", "vLLM's gated-delta-net layer"),
+        reads=("model.gdn", "model.hidden_size", "model.num_key_value_heads", "model.head_dim", "model.dtype",
+               "dtypes", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size", "num_speculative_tokens",
+               "gdn_prefill_backend", "attention_backend", "kv_cache_dtype", "block_size", "max_model_len"),
+        note="needs a gated-delta-net model: Qwen3-Next, Qwen3.5", probe="tests/probes/gdn_keys.py", gpu_check="gdn",
+        proven="H100", contacts=CONTACTS)
+    unit = MODEL
+    flags = (PREFILL_BACKEND,)
+    model = ModelRole(SECTION, owned=True, rank=3)
+
+    def tasks(self, plan, vocab: int) -> tuple[Task, ...]:
+        """Once per dtype the layers run in, with the serving settings their kernels depend on: drafts, the prefill
+        backend, and the attention layers' page, which the GDN state's page is padded to (its block stride is a
+        constexpr of the decode kernels)."""
+        model = plan.model
+        layers = model.section("gdn") if model else None
+        if layers is None:
+            return ()
+        return tuple(self.task({
+            **asdict(layers), "hidden_size": model.hidden_size, "dtype": dtype, "max_num_seqs": plan.max_num_seqs,
+            "max_num_batched_tokens": plan.max_num_batched_tokens, "tensor_parallel_size": plan.tensor_parallel_size,
+            "num_speculative_tokens": plan.num_speculative_tokens,
+            "gdn_prefill_backend": plan.flag(PREFILL_BACKEND.name),
+            "num_key_value_heads": model.num_key_value_heads, "head_dim": model.head_dim,
+            "attention_backend": plan.attention_backend, "kv_cache_dtype": plan.kv_cache_dtype,
+            "block_size": plan.block_size, "max_model_len": plan.max_model_len})
+            for dtype in plan.layer_dtypes)
+
+    def check(self, plan, where: str) -> None:
+        model = plan.model
+        layers = model.section("gdn") if model else None
+        if layers is None:
+            what = "no model" if model is None else f"{model.name} ({model.architecture}), which has none"
+            raise RecipeError(f"{where}: the gdn path needs a model with gated-delta-net layers (architectures: "
+                              f"{', '.join(GDN_ARCHITECTURES)}), the plan has {what}")
+        heads = (layers.linear_num_key_heads, layers.linear_num_value_heads)
+        if any(h % plan.tensor_parallel_size for h in heads):
+            raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
+                              f"{model.name}'s {heads[0]} key / {heads[1]} value heads of its gated-delta-net layers")
+
+    def from_model(self, model, plan) -> bool:
+        return model.section("gdn") is not None
+
+    def default(self, plan) -> bool:
+        return bool(plan.model and self.from_model(plan.model, plan))
 
 
-def _check(plan, where: str) -> None:
-    model = plan.model
-    layers = model.section("gdn") if model else None
-    if layers is None:
-        what = "no model" if model is None else f"{model.name} ({model.architecture}), which has none"
-        raise RecipeError(f"{where}: the gdn path needs a model with gated-delta-net layers (architectures: "
-                          f"{', '.join(GDN_ARCHITECTURES)}), the plan has {what}")
-    heads = (layers.linear_num_key_heads, layers.linear_num_value_heads)
-    if any(h % plan.tensor_parallel_size for h in heads):
-        raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
-                          f"{model.name}'s {heads[0]} key / {heads[1]} value heads of its gated-delta-net layers")
-
-
-def _from_model(model, plan) -> bool:
-    return model.section("gdn") is not None
-
-
-FAMILY = Family(
-    "gdn", "a hybrid model's gated-delta-net layers (QwenGatedDeltaNetAttention), every FLA autotune candidate",
-    "kernelcache.exercise.vllm_gdn:gdn",
-    ("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", "vLLM's gated-delta-net layer"),
-    reads=("model.gdn", "model.hidden_size", "model.num_key_value_heads", "model.head_dim", "model.dtype", "dtypes",
-           "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size", "num_speculative_tokens",
-           "gdn_prefill_backend", "attention_backend", "kv_cache_dtype", "block_size", "max_model_len"),
-    unit=MODEL, tasks=_tasks, note="needs a gated-delta-net model: Qwen3-Next, Qwen3.5",
-    default=lambda plan: bool(plan.model and _from_model(plan.model, plan)), from_model=_from_model,
-    model_section=SECTION, model_owned=True, model_rank=3, check=_check, flags=(PREFILL_BACKEND,),
-    probe="tests/probes/gdn_keys.py",
-    gpu_check="gdn", proven="H100", contacts=CONTACTS)
+FAMILY = Gdn()

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 from ...errors import RecipeError
 from ..config import integer
-from ..family import MODEL, Family, ModelSection, Task
+from ..family import MODEL, About, Family, ModelRole, ModelSection, Task
 from ..releases import stable
 
 # MambaMixer2, its metadata builder and the SSU dispatch (exercise/vllm_mamba.py).
@@ -80,41 +80,46 @@ SECTION = ModelSection("mamba", MambaSpec, parse, frozenset(
     {"mamba_ssm_cache_dtype", *(name for names in MAMBA_CONFIG_NAMES.values() for name in names.values())}))
 
 
-def _tasks(plan, vocab: int) -> tuple[Task, ...]:
-    model = plan.model
-    layers = model.section("mamba") if model else None
-    if layers is None:
-        return ()
-    return tuple(FAMILY.task({
-        **asdict(layers), "hidden_size": model.hidden_size, "dtype": dtype, "max_num_seqs": plan.max_num_seqs,
-        "max_num_batched_tokens": plan.max_num_batched_tokens, "tensor_parallel_size": plan.tensor_parallel_size})
-        for dtype in plan.layer_dtypes)
+class Mamba(Family):
+    name = "mamba"
+    exercise = "kernelcache.exercise.vllm_mamba:mamba"
+    about = About(
+        "a hybrid model's Mamba-2 layers (MambaMixer2), every SSD autotune candidate",
+        ("vllm.model_executor.layers.mamba.mamba_mixer2", "vLLM's Mamba-2 mixer"),
+        reads=("model.mamba", "model.hidden_size", "model.dtype", "dtypes", "max_num_seqs", "max_num_batched_tokens",
+               "tensor_parallel_size"),
+        note="needs a hybrid model", probe="tests/probes/mamba_keys.py", gpu_check="mamba", proven="H200",
+        contacts=CONTACTS)
+    unit = MODEL
+    keys_follow_device = True
+    model = ModelRole(SECTION, owned=True, rank=2)
+
+    def tasks(self, plan, vocab: int) -> tuple[Task, ...]:
+        model = plan.model
+        layers = model.section("mamba") if model else None
+        if layers is None:
+            return ()
+        return tuple(self.task({
+            **asdict(layers), "hidden_size": model.hidden_size, "dtype": dtype, "max_num_seqs": plan.max_num_seqs,
+            "max_num_batched_tokens": plan.max_num_batched_tokens, "tensor_parallel_size": plan.tensor_parallel_size})
+            for dtype in plan.layer_dtypes)
+
+    def check(self, plan, where: str) -> None:
+        model = plan.model
+        layers = model.section("mamba") if model else None
+        if layers is None:
+            what = "no model" if model is None else f"{model.name} ({model.architecture}), which has none"
+            raise RecipeError(f"{where}: the mamba path needs a hybrid model with Mamba-2 layers (architectures: "
+                              f"{', '.join(MAMBA_CONFIG_NAMES)}), the plan has {what}")
+        if layers.mamba_num_heads % plan.tensor_parallel_size:
+            raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
+                              f"{model.name}'s {layers.mamba_num_heads} Mamba heads")
+
+    def from_model(self, model, plan) -> bool:
+        return model.section("mamba") is not None
+
+    def default(self, plan) -> bool:
+        return bool(plan.model and self.from_model(plan.model, plan))
 
 
-def _check(plan, where: str) -> None:
-    model = plan.model
-    layers = model.section("mamba") if model else None
-    if layers is None:
-        what = "no model" if model is None else f"{model.name} ({model.architecture}), which has none"
-        raise RecipeError(f"{where}: the mamba path needs a hybrid model with Mamba-2 layers (architectures: "
-                          f"{', '.join(MAMBA_CONFIG_NAMES)}), the plan has {what}")
-    if layers.mamba_num_heads % plan.tensor_parallel_size:
-        raise RecipeError(f"{where}: tensor_parallel_size {plan.tensor_parallel_size} does not divide "
-                          f"{model.name}'s {layers.mamba_num_heads} Mamba heads")
-
-
-def _from_model(model, plan) -> bool:
-    return model.section("mamba") is not None
-
-
-FAMILY = Family(
-    "mamba", "a hybrid model's Mamba-2 layers (MambaMixer2), every SSD autotune candidate",
-    "kernelcache.exercise.vllm_mamba:mamba",
-    ("vllm.model_executor.layers.mamba.mamba_mixer2", "vLLM's Mamba-2 mixer"),
-    reads=("model.mamba", "model.hidden_size", "model.dtype", "dtypes", "max_num_seqs", "max_num_batched_tokens",
-           "tensor_parallel_size"),
-    unit=MODEL, tasks=_tasks, note="needs a hybrid model",
-    default=lambda plan: bool(plan.model and _from_model(plan.model, plan)), from_model=_from_model,
-    model_section=SECTION, model_owned=True, model_rank=2, keys_follow_device=True, check=_check,
-    probe="tests/probes/mamba_keys.py",
-    gpu_check="mamba", proven="H200", contacts=CONTACTS)
+FAMILY = Mamba()

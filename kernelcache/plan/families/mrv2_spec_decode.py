@@ -3,7 +3,7 @@ drafted sampler and the EAGLE speculator over warmup and drafted batches."""
 
 from __future__ import annotations
 
-from ..family import Family, Task
+from ..family import About, Family, Task
 from ..releases import Contact, stable
 
 # The runner's objects and steps as GPUModelRunner drives them with a speculator (exercise/
@@ -32,20 +32,25 @@ CONTACTS = (
     "vllm.v1.worker.gpu.states:RequestState", "vllm.v1.worker.gpu.structured_outputs:StructuredOutputsWorker")
 
 
-def _tasks(plan, vocab: int) -> tuple[Task, ...]:
-    if plan.num_speculative_tokens < 1:
-        return ()
-    return (FAMILY.task({
-        "vocab": vocab, "max_num_seqs": plan.max_num_seqs, "num_speculative_tokens": plan.num_speculative_tokens,
-        "max_model_len": plan.max_model_len, "max_num_batched_tokens": plan.max_num_batched_tokens,
-        "block_size": plan.block_size, "dtypes": list(plan.dtypes)}),)
+class Mrv2SpecDecode(Family):
+    name = "mrv2_spec_decode"
+    exercise = "kernelcache.exercise.vllm_mrv2_spec_decode:mrv2_spec_decode"
+    about = About(
+        "Model Runner V2's rejection sampler, drafted sampler and EAGLE speculator",
+        ("vllm.v1.worker.gpu.spec_decode.rejection_sampler", "Model Runner V2's speculative decoding"),
+        reads=("vocab", "max_num_seqs", "num_speculative_tokens", "max_model_len", "max_num_batched_tokens",
+               "block_size", "dtypes"),
+        note="need drafts", probe="tests/probes/mrv2_spec_decode_keys.py", gpu_check="mrv2_spec_decode",
+        proven="H200", contacts=CONTACTS)
+    needs_drafts = True
+
+    def tasks(self, plan, vocab: int) -> tuple[Task, ...]:
+        if plan.num_speculative_tokens < 1:
+            return ()
+        return (self.task({
+            "vocab": vocab, "max_num_seqs": plan.max_num_seqs, "num_speculative_tokens": plan.num_speculative_tokens,
+            "max_model_len": plan.max_model_len, "max_num_batched_tokens": plan.max_num_batched_tokens,
+            "block_size": plan.block_size, "dtypes": list(plan.dtypes)}),)
 
 
-FAMILY = Family(
-    "mrv2_spec_decode", "Model Runner V2's rejection sampler, drafted sampler and EAGLE speculator",
-    "kernelcache.exercise.vllm_mrv2_spec_decode:mrv2_spec_decode",
-    ("vllm.v1.worker.gpu.spec_decode.rejection_sampler", "Model Runner V2's speculative decoding"),
-    reads=("vocab", "max_num_seqs", "num_speculative_tokens", "max_model_len", "max_num_batched_tokens",
-           "block_size", "dtypes"),
-    tasks=_tasks, note="need drafts", needs_drafts=True, probe="tests/probes/mrv2_spec_decode_keys.py",
-    gpu_check="mrv2_spec_decode", proven="H200", contacts=CONTACTS)
+FAMILY = Mrv2SpecDecode()

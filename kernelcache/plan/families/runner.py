@@ -3,7 +3,7 @@ sampler stepped through prefill and decode."""
 
 from __future__ import annotations
 
-from ..family import Family, Task
+from ..family import About, Family, ModelRole, Task
 from ..releases import Contact, stable
 
 # Model Runner V2's state objects and step functions (exercise/vllm_runner.py), as GPUModelRunner calls them.
@@ -24,20 +24,25 @@ CONTACTS = (
     "vllm.v1.worker.gpu:buffer_utils")
 
 
-def _tasks(plan, vocab: int) -> tuple[Task, ...]:
-    return (FAMILY.task({
-        "vocab": vocab, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
-        "max_num_batched_tokens": plan.max_num_batched_tokens, "block_size": plan.block_size,
-        "dtypes": list(plan.dtypes)}),)
+class Runner(Family):
+    name = "runner"
+    exercise = "kernelcache.exercise.vllm_runner:runner"
+    about = About(
+        "Model Runner V2's own kernels: request state, input buffers, block tables, its sampler",
+        ("vllm.v1.worker.gpu.input_batch", "Model Runner V2's input batch"),
+        reads=("vocab", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size", "dtypes"),
+        note="Model Runner V2's own kernels", probe="tests/probes/runner_keys.py", gpu_check="runner",
+        proven="H200", contacts=CONTACTS)
+    model = ModelRole(rank=0)
+
+    def tasks(self, plan, vocab: int) -> tuple[Task, ...]:
+        return (self.task({
+            "vocab": vocab, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
+            "max_num_batched_tokens": plan.max_num_batched_tokens, "block_size": plan.block_size,
+            "dtypes": list(plan.dtypes)}),)
+
+    def from_model(self, model, plan) -> bool:
+        return True
 
 
-def _from_model(model, plan) -> bool:
-    return True
-
-
-FAMILY = Family(
-    "runner", "Model Runner V2's own kernels: request state, input buffers, block tables, its sampler",
-    "kernelcache.exercise.vllm_runner:runner", ("vllm.v1.worker.gpu.input_batch", "Model Runner V2's input batch"),
-    reads=("vocab", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size", "dtypes"),
-    tasks=_tasks, note="Model Runner V2's own kernels", from_model=_from_model, model_rank=0,
-    probe="tests/probes/runner_keys.py", gpu_check="runner", proven="H200", contacts=CONTACTS)
+FAMILY = Runner()

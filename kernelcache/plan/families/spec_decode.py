@@ -3,7 +3,7 @@ EAGLE kernels and ``RejectionSampler.forward`` over drafted batches."""
 
 from __future__ import annotations
 
-from ..family import Family, Task
+from ..family import About, Family, Task
 from ..releases import Contact
 from .sampler import V1_RUNNER_GONE, processed
 
@@ -14,18 +14,23 @@ CONTACTS = tuple(Contact(symbol.rpartition(":")[2], symbol, ("0.33",)) for symbo
     "vllm.v1.spec_decode.metadata:SpecDecodeMetadata", "vllm.v1.spec_decode:utils"))
 
 
-def _tasks(plan, vocab: int) -> tuple[Task, ...]:
-    if plan.num_speculative_tokens < 1 or not processed(plan):
-        return ()
-    return (FAMILY.task({
-        "vocab": vocab, "max_num_seqs": plan.max_num_seqs, "num_speculative_tokens": plan.num_speculative_tokens,
-        "max_model_len": plan.max_model_len, "dtypes": list(plan.dtypes), "fp64_gumbel": plan.fp64_gumbel}),)
+class SpecDecode(Family):
+    name = "mrv1_spec_decode"
+    exercise = "kernelcache.exercise.vllm_spec_decode:spec_decode"
+    about = About(
+        "the V1 runner's rejection sampler and EAGLE kernels over drafted batches",
+        ("vllm.v1.spec_decode.utils", "vLLM's speculative-decoding kernels"),
+        reads=("vocab", "max_num_seqs", "num_speculative_tokens", "max_model_len", "dtypes", "fp64_gumbel"),
+        note="need drafts", probe="tests/probes/spec_decode_keys.py", gpu_check="spec_decode", proven="H200",
+        releases=("0.33",), lacks=V1_RUNNER_GONE, contacts=CONTACTS)
+    needs_drafts = True
+
+    def tasks(self, plan, vocab: int) -> tuple[Task, ...]:
+        if plan.num_speculative_tokens < 1 or not processed(plan):
+            return ()
+        return (self.task({
+            "vocab": vocab, "max_num_seqs": plan.max_num_seqs, "num_speculative_tokens": plan.num_speculative_tokens,
+            "max_model_len": plan.max_model_len, "dtypes": list(plan.dtypes), "fp64_gumbel": plan.fp64_gumbel}),)
 
 
-FAMILY = Family(
-    "mrv1_spec_decode", "the V1 runner's rejection sampler and EAGLE kernels over drafted batches",
-    "kernelcache.exercise.vllm_spec_decode:spec_decode",
-    ("vllm.v1.spec_decode.utils", "vLLM's speculative-decoding kernels"),
-    reads=("vocab", "max_num_seqs", "num_speculative_tokens", "max_model_len", "dtypes", "fp64_gumbel"),
-    tasks=_tasks, note="need drafts", needs_drafts=True, probe="tests/probes/spec_decode_keys.py",
-    gpu_check="spec_decode", proven="H200", releases=("0.33",), lacks=V1_RUNNER_GONE, contacts=CONTACTS)
+FAMILY = SpecDecode()

@@ -6,7 +6,7 @@ command (vLLM's config hash is the served one's)."""
 from __future__ import annotations
 
 from ...errors import RecipeError
-from ..family import Family
+from ..family import About, Family, ModelRole, Task
 from ..releases import stable
 
 CONTACTS = stable(
@@ -15,19 +15,29 @@ CONTACTS = stable(
     "vllm.engine.arg_utils:AsyncEngineArgs")
 
 
-def _never(plan) -> bool:
-    return False
+class TorchCompile(Family):
+    """No exercise task: the build runs vLLM's compile itself (enginecompile.py)."""
+
+    name = "compile"
+    exercise = "kernelcache.exercise.vllm_compile:build"
+    about = About(
+        "vLLM's own torch.compile of the served model (the AOT artifact, Inductor's kernels)",
+        ("vllm.compilation.decorators", "vLLM's torch.compile support"), reads=("serve",),
+        note="opt-in: vLLM's torch.compile", releases=("0.33",),
+        lacks="vLLM 0.34's compile cache is keyed otherwise (compile_factors); not built yet", contacts=CONTACTS)
+    unit = ""
+    model = ModelRole(rank=200)
+
+    def tasks(self, plan, vocab: int) -> tuple[Task, ...]:
+        return ()
+
+    def default(self, plan) -> bool:
+        return False
+
+    def check(self, plan, where: str) -> None:
+        if not plan.serve:
+            raise RecipeError(f"{where}: the compile path needs a serve command (build -- vllm serve MODEL ...): "
+                              f"vLLM hashes the served config into the artifact's directory")
 
 
-def _check(plan, where: str) -> None:
-    if not plan.serve:
-        raise RecipeError(f"{where}: the compile path needs a serve command (build -- vllm serve MODEL ...): vLLM "
-                          f"hashes the served config into the artifact's directory")
-
-
-FAMILY = Family(
-    "compile", "vLLM's own torch.compile of the served model (the AOT artifact, Inductor's kernels)",
-    "kernelcache.exercise.vllm_compile:build", ("vllm.compilation.decorators", "vLLM's torch.compile support"),
-    reads=("serve",), unit="", note="opt-in: vLLM's torch.compile", default=_never, check=_check, model_rank=200,
-    releases=("0.33",), lacks="vLLM 0.34's compile cache is keyed otherwise (compile_factors); not built yet",
-    contacts=CONTACTS)
+FAMILY = TorchCompile()

@@ -28,7 +28,6 @@ BENCH_SECONDS: Counter = Counter()
 def check(tasks: list[dict], records: list[dict]) -> dict:
     from kernelcache.exercise import vllm_gdn as vg
     from kernelcache.exercise.vllm_mamba import real_host, tensor_parallel
-    from kernelcache.exercise.vllm_sampler import _device_scope
 
     count_benchmarks()
     task = tasks[0]["kwargs"]
@@ -40,7 +39,7 @@ def check(tasks: list[dict], records: list[dict]) -> dict:
                    task["head_dim"], task["attention_backend"], task["kv_cache_dtype"], task["block_size"],
                    task["max_model_len"])
     seqs, tokens = task["max_num_seqs"], task["max_num_batched_tokens"]
-    with tensor_parallel(dims.tp, vg.TP_USERS), _device_scope(), real_host(), vg.device_zero():
+    with tensor_parallel(dims.tp, vg.TP_USERS), real_host(), vg.device_zero():  # real CUDA tensors: no fake device
         layer = vg.make_layer(dims, seqs, tokens)
         calls, outputs, inputs = [], {}, {}
         for label, requests in steps(seqs, tokens, (-1,)):

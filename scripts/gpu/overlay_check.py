@@ -3,8 +3,8 @@
 
 Run from the repository root on the GPU machine (see docs/RELIABILITY.md, "H200 check"):
 
-    python3 scripts/gpu_overlay_check.py            # writes $OUT/gpu_overlay_check.json
-    python3 scripts/gpu_overlay_check.py --fake     # the same steps on a CPU box, fake sm_90 target
+    python3 scripts/gpu/overlay_check.py            # writes $OUT/gpu_overlay_check.json
+    python3 scripts/gpu/overlay_check.py --fake     # the same steps on a CPU box, fake sm_90 target
 
 Steps, each in its own process as in production:
 1. build: kernelcache's test kernels launched for real on the GPU (a native worker) into a fresh cache;
@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 DROP = "-dac_override,-dac_read_search,-fowner"
 

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CARRY = REPO / ".carry" / "flashinfer"
 
 KERNELCACHE = """

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..cachedir import STATE_DIR
 from ..cachedir.flashinfer_site import SHIM_PACKAGE, SITE_DIR, ensure_site, installed_modules, providers
+from ..cachedir.layout import SITE_PREFIX
 from ..errors import FingerprintMismatch
 from ..format.envscan import distribution_version
 from ..hooks.kernelcache_tritonkey import say
@@ -72,5 +73,5 @@ def environment(cache_dir: Path, base: dict[str, str] | None = None) -> dict[str
 def is_site_path(path: str) -> bool:
     """A generated site dir (of any kernelcache cache): ``.../.kernelcache/flashinfer/site-*/...``."""
     parts = Path(path).parts
-    return any(parts[i:i + 2] == (STATE_DIR, SITE_DIR) and parts[i + 2].startswith("site-")
+    return any(parts[i:i + 2] == (STATE_DIR, SITE_DIR) and parts[i + 2].startswith(SITE_PREFIX)
                for i in range(len(parts) - 2))

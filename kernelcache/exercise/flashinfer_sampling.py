@@ -14,7 +14,7 @@ vLLM's default CUDA sampler (``flashinfer_sample``) runs FlashInfer's ``sampling
 Both check the result (an ELF whose fatbin holds exactly the expected SASS, via cuobjdump) and
 return a ``FlashInferModule`` (``files=()``; ``make_bundle`` hashes) plus one ``format.manifest.Member``:
 ``flashinfer/<version>-<archs>-<sha12>/sampling/sampling.so``. The directory above the module is
-what runtime/flashinfer.py registers as a FlashInfer jit-cache provider; the sha in its name
+what runtime/flashinfer_env.py registers as a FlashInfer jit-cache provider; the sha in its name
 keeps two different builds from ever sharing a path in one cache dir.
 """
 
@@ -223,7 +223,7 @@ def find_toolchain(base: Path | None = None) -> Toolchain:
             f"no CUDA {CUDA_VERSION} build toolchain in {top}"
             + (f" (missing {', '.join(missing)})" if _marker_ok(top) else "")
             + '; `kernelcache build` fetches it, or run: python -c '
-            '"from kernelcache.exercise.flashinfer import setup_toolchain; setup_toolchain()"'
+            '"from kernelcache.exercise.flashinfer_sampling import setup_toolchain; setup_toolchain()"'
         )
     return Toolchain(root=root, ninja_dir=top / "bin", cuda=nvcc_version(root / "bin" / "nvcc"))
 
@@ -387,7 +387,7 @@ def _run_build_child(arch: str, workdir: Path, jobs: int, tools: Toolchain) -> d
     report.unlink(missing_ok=True)
     log = workdir / "flashinfer-build.log"
     with open(log, "w", encoding="utf-8") as out:
-        done = subprocess.run([sys.executable, "-m", "kernelcache.exercise.flashinfer", str(report)], env=env,
+        done = subprocess.run([sys.executable, "-m", "kernelcache.exercise.flashinfer_sampling", str(report)], env=env,
                               stdout=out, stderr=subprocess.STDOUT)
     if done.returncode != 0 or not report.is_file():
         raise BuildFailed(f"building FlashInfer {MODULE} for {arch} failed (exit {done.returncode}): "

@@ -1,7 +1,7 @@
 """FlashInfer's ``sampling`` module in the build cache: nvcc builds it once per FlashInfer release, toolchain and arch.
 
 A cross build makes the module with FlashInfer's own JIT spec in a child that gets only kernelcache's build
-variables (exercise/flashinfer.py), so what decides it is what FlashInfer's own JIT cache trusts (its release:
+variables (exercise/flashinfer_sampling.py), so what decides it is what FlashInfer's own JIT cache trusts (its release:
 ``<version>/<archs>/cached_ops``), the CUDA toolchain, the host C/C++ compilers, the arch and the platform; the
 key is the digest of those (``module_key``), in the form of a Triton key so the stores keep it beside the
 kernels. The entry holds the module (``sampling.so``) and its record (``module.json``: what the bundle's manifest
@@ -18,11 +18,11 @@ import shutil
 import subprocess
 from collections.abc import Callable
 
-from ..exercise.flashinfer import member_path
+from ..exercise.flashinfer_sampling import member_path
 from ..format.fingerprint import package_version, platform_tag
 from ..format.manifest import FlashInferModule, Member
 from . import BuildCacheSpec, open_store
-from .entry import CorruptEntry, pack, unpack
+from .blob import CorruptEntry, pack, unpack
 
 RECORD = "module.json"
 

@@ -50,7 +50,7 @@ class Entry:
 
     key: str  # the Triton cache directory name (base32 of the key's sha256)
     kind: str  # "kernel": a compiled kernel and its group; "module": a gcc-built helper (launcher, cuda_utils);
-    # "flashinfer": FlashInfer's sampling module and its record (buildcache/flashinfer.py)
+    # "flashinfer": FlashInfer's sampling module and its record (buildcache/flashinfer_modules.py)
     group: str | None  # kernels: the metadata file the group file is named after (``k.json`` -> ``__grp__k.json``)
     files: tuple[EntryFile, ...]
     paths: tuple[str, ...] = ()  # absolute paths the files embed (kernel sources in line info, libdevice)
