@@ -35,6 +35,8 @@ ROOT = "vllm-compile"  # the bundle's top dir for it: vllm-compile/<sha16>/{comp
 RECORD, TREE = "compile.json", "torch_compile_cache.tar"
 CACHE_ROOT = VLLM_DIR  # under the cache dir: VLLM_CACHE_ROOT of a served process
 FORCE = "VLLM_FORCE_AOT_LOAD"
+CACHE_ENV = "VLLM_CACHE_ROOT"
+SERVE_ENV = "KERNELCACHE_SERVE_ENV"  # JSON {name: value}: the serving environment's hashed variables (--serve-env)
 NO_GPU_TUNING = ("VLLM_ENABLE_INDUCTOR_MAX_AUTOTUNE", "VLLM_ENABLE_INDUCTOR_COORDINATE_DESCENT_TUNING")
 
 
@@ -55,6 +57,28 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     path = os.environ.get("PYTHONPATH", "")
     return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1", "PYTHONPATH": here + (os.pathsep + path if path else ""), **extra}
+
+
+def serve_env_of(pairs: tuple[str, ...] | list[str]) -> str:
+    """``build --serve-env NAME=VALUE`` words as the JSON text of ``SERVE_ENV``; a name vLLM does not hash into the
+    compile cache's key (``CUDA_HOME``, ``VLLM_*``: vllm/envs.py ``compile_factors``) or one the build sets itself
+    is refused."""
+    from .errors import UsageError
+
+    values = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not (name == "CUDA_HOME" or name.startswith("VLLM_")) or name in (CACHE_ENV, FORCE):
+            raise UsageError(f"--serve-env {pair!r}: give NAME=VALUE for CUDA_HOME or a VLLM_* variable other "
+                             f"than {CACHE_ENV} and {FORCE}")
+        values[name] = value
+    return json.dumps(values, sort_keys=True)
+
+
+def serve_env() -> dict[str, str]:
+    """The serving environment's variables a build was given (``SERVE_ENV``), {} without."""
+    text = os.environ.get(SERVE_ENV, "")
+    return json.loads(text) if text else {}
 
 
 def profile_request(profile) -> dict:
@@ -79,8 +103,9 @@ def build_artifact(args: list[str], shown: str, profile, work: Path,
     root, home = work / "vllm-cache", work / "home"
     shutil.rmtree(root, ignore_errors=True)
     home.mkdir(exist_ok=True)
+    given = serve_env()
     report = _child({"mode": "build", "args": list(args), "shown": shown, "profile": profile_request(profile)},
-                    _env({"LD_PRELOAD": str(shim), "VLLM_CACHE_ROOT": str(root), "HOME": str(home),
+                    _env({**given, "LD_PRELOAD": str(shim), "VLLM_CACHE_ROOT": str(root), "HOME": str(home),
                           "CUDA_VISIBLE_DEVICES": "", "KERNELCACHE_TARGET_MODE": "cross",
                           "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}), python)
     if not report.get("ok"):
@@ -91,7 +116,7 @@ def build_artifact(args: list[str], shown: str, profile, work: Path,
               "hash_dir": _hash_dirs(report["artifacts"]), "artifacts": report["artifacts"],
               "tokens": report["tokens"], "left_out": report["left_out"],
               "tree_sha256": hashlib.sha256(data).hexdigest(),
-              "hf_config": _model_config(args), **report["named"]}
+              "hf_config": _model_config(args), "serve_env": given, **report["named"]}
     if record["key"] != record["hash_dir"]:  # the factors recorded are the ones vLLM named its directory by
         raise BuildFailed(f"vLLM's factors hash to {record['key'][:12]} after the compile, and vLLM saved "
                           f"{record['hash_dir'][:12]}")
@@ -145,8 +170,10 @@ def differences(record: dict, here: dict) -> list[str]:
     Python and torch versions the artifact pins, each hashed ``VLLM_*`` variable, each config field, the rest."""
     out = []
     for key, what in (("python", "the Python version (torch's SystemInfo pins it exactly)"),
-                      ("torch", "the torch version"), ("vllm", "the vLLM version")):
-        if record.get(key) != here.get(key):
+                      ("torch", "the torch version"), ("vllm", "the vLLM version"),
+                      ("transformers", "the transformers version (ModelConfig hashes hf_config's JSON, which "
+                                       "names it)")):
+        if key in record and record.get(key) != here.get(key):
             out.append(f"{what}: bundle {record.get(key)}, here {here.get(key)}")
     env_a, env_b = record.get("env", {}), here.get("env", {})
     out += [f"{name}: bundle {env_a.get(name)!r}, here {env_b.get(name)!r}"
@@ -158,8 +185,8 @@ def differences(record: dict, here: dict) -> list[str]:
         if a.get("hash") == b.get("hash"):
             continue
         fa, fb = a.get("fields", {}), b.get("fields", {})
-        fields = [f"{name}.{k}: bundle {fa.get(k)!r}, here {fb.get(k)!r}" for k in sorted(set(fa) | set(fb))
-                  if fa.get(k) != fb.get(k)]
+        fields = [line for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)
+                  for line in _field_differences(f"{name}.{k}", fa.get(k), fb.get(k))]
         out += fields
         hashed_only += [] if fields else [f"{name} (its compute_hash differs)"]
     out += hashed_only
@@ -169,6 +196,21 @@ def differences(record: dict, here: dict) -> list[str]:
         wrong = [i for i, (a, b) in enumerate(zip(record.get("factors", []), here.get("factors", []))) if a != b]
         out += [f"{labels[i] if i < len(labels) else f'factor {i}'} differs" for i in wrong] or ["the factor count"]
     return out
+
+
+def _field_differences(label: str, a, b) -> list[str]:
+    """A differing field, named; one that holds a JSON object on both sides (a Hugging Face config vLLM hashed as
+    its ``to_json_string``) by its differing keys inside."""
+    try:
+        da, db = json.loads(a), json.loads(b)
+    except (TypeError, ValueError):
+        da = db = None
+    if isinstance(da, dict) and isinstance(db, dict):
+        inner = [f"{label}.{k}: bundle {da.get(k)!r}, here {db.get(k)!r}" for k in sorted(set(da) | set(db))
+                 if da.get(k) != db.get(k)]
+        if inner:
+            return inner
+    return [f"{label}: bundle {a!r}, here {b!r}"]
 
 
 def factors_here(record: dict, serve: str | None = None, python: str = sys.executable) -> dict:

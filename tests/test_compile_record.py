@@ -49,3 +49,55 @@ def test_the_manifest_takes_only_the_compile_members():
         with pytest.raises(ValueError, match="engine lists"):
             engine_record({"files": [{**good, "path": path}]})
     assert engine_record(None) is None
+
+
+def test_a_hashed_field_of_any_type_is_named_inside_its_sub_config():
+    record = {**RECORD, "configs": {"model_config": {"hash": "m", "fields": {"dtype": "torch.bfloat16"}}}}
+    here = _here(configs={"model_config": {"hash": "n", "fields": {"dtype": "torch.float16"}}})
+    assert differences(record, here) == ["model_config.dtype: bundle 'torch.bfloat16', here 'torch.float16'"]
+
+
+def test_the_fields_vllm_hashes_are_recorded_as_it_normalized_them():
+    pytest.importorskip("vllm")
+    from dataclasses import fields
+
+    from vllm.config import CacheConfig
+
+    from kernelcache.exercise.vllm_compile import _hashed_fields
+
+    config = CacheConfig(block_size=16, cache_dtype="fp8")
+    digest, hashed = _hashed_fields(config)
+    assert digest == config.compute_hash()
+    assert hashed["cache_dtype"] == "fp8" and set(hashed) < {f.name for f in fields(config)}
+    other = CacheConfig(block_size=16, cache_dtype="auto")
+    assert _hashed_fields(other)[1]["cache_dtype"] == "auto" and _hashed_fields(other)[0] != digest
+
+
+@pytest.mark.parametrize("pair", ["FOO=1", "CUDA_HOME", "VLLM_CACHE_ROOT=/x", "VLLM_FORCE_AOT_LOAD=1"])
+def test_serve_env_takes_only_the_variables_vllm_hashes(pair):
+    from kernelcache.enginecompile import serve_env_of
+    from kernelcache.errors import UsageError
+
+    with pytest.raises(UsageError, match="--serve-env"):
+        serve_env_of([pair])
+
+
+def test_serve_env_reaches_the_compile_child_as_json(monkeypatch):
+    import json
+
+    from kernelcache.enginecompile import SERVE_ENV, serve_env, serve_env_of
+
+    monkeypatch.setenv(SERVE_ENV, serve_env_of(["CUDA_HOME=/usr/local/cuda", "VLLM_USE_V2=0"]))
+    assert serve_env() == {"CUDA_HOME": "/usr/local/cuda", "VLLM_USE_V2": "0"}
+    assert json.loads(serve_env_of([])) == {}
+
+
+def test_a_hugging_face_config_is_named_by_its_differing_key():
+    bundle = '{"hidden_size": 4096, "transformers_version": "5.20.2"}'
+    served = '{"hidden_size": 4096, "transformers_version": "5.3.0"}'
+    record = {**RECORD, "transformers": "5.20.2",
+              "configs": {"model_config": {"hash": "m", "fields": {"hf_config": bundle}}}}
+    here = _here(transformers="5.3.0", configs={"model_config": {"hash": "n", "fields": {"hf_config": served}}})
+    found = differences(record, here)
+    assert found[0].startswith("the transformers version") and "5.20.2" in found[0]
+    assert found[1] == "model_config.hf_config.transformers_version: bundle '5.20.2', here '5.3.0'"

@@ -30,11 +30,14 @@ from .output import err, new_table, out, print_json, show
                    "oci://HOST/REPOSITORY or an fsspec URL (s3://, gs://, file://) [default: $KERNELCACHE_BUILD_CACHE, "
                    "else ~/.cache/kernelcache/build].")
 @click.option("--no-build-cache", is_flag=True, help="Compile everything; read and write no build cache.")
+@click.option("--serve-env", "serve_env", multiple=True, metavar="NAME=VALUE",
+              help="A variable vLLM hashes into its compile cache's key (CUDA_HOME or a VLLM_* one), as the serving "
+                   "environment sets it: the compile path's vLLM computes its key with it (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @sign_option("each bundle (B.tar.zst.sig beside it)")
 @click.argument("serve", nargs=-1, type=click.UNPROCESSED, metavar="[-- vllm serve MODEL [FLAGS]]")
 def build(arch, recipe, overrides, mode, jobs, output_dir, keep_ir, workdir, miss_logs, target_env, build_cache,
-          no_build_cache, as_json, sign_key, serve) -> None:
+          no_build_cache, serve_env, as_json, sign_key, serve) -> None:
     """Build the kernels a vLLM server runs on ARCH into one bundle per GPU profile.
 
     \b
@@ -44,11 +47,17 @@ def build(arch, recipe, overrides, mode, jobs, output_dir, keep_ir, workdir, mis
     (limits, block size, KV-cache dtype, drafts, attention backend); the bundle records the command and vLLM's
     config hash. MODEL is a local directory holding config.json, or a hub id with --model-config CONFIG.json (or
     one kernelcache ships a config for); nothing is fetched. Without a serve command: a recipe's plan (the sampler
-    paths for its vocab sizes by default)."""
+    paths for its vocab sizes by default). With --path compile, give each variable vLLM hashes that the serving
+    environment sets with --serve-env (vLLM's images set CUDA_HOME=/usr/local/cuda)."""
+    import os
     from dataclasses import replace
 
     from ..build import build as do_build
+    from ..enginecompile import SERVE_ENV, serve_env_of
     from ..errors import UsageError
+
+    if serve_env:
+        os.environ[SERVE_ENV] = serve_env_of(serve_env)
 
     if serve:
         overrides = replace(overrides, serve=serve)

@@ -109,12 +109,49 @@ def named_factors(config: Any) -> dict:
             fields = {k: _plain(v) for k, v in sorted(vars(sub).items()) if not k.startswith("_")
                       and isinstance(v, (str, int, float, bool, type(None)))}
             try:
-                subs[name] = {"hash": sub.compute_hash(), "fields": fields}
+                digest, hashed = _hashed_fields(sub)
+                subs[name] = {"hash": digest, "fields": {**fields, **hashed}}
             except Exception as exc:  # noqa: BLE001 -- a sub-config that cannot hash alone is named as such
                 subs[name] = {"hash": f"unhashable: {exc}", "fields": fields}
     return {"factors": factors, "env": {k: _plain(v) for k, v in sorted(envs.compile_factors().items())},
             "configs": subs, "mega_artifact": bool(envs.VLLM_USE_MEGA_AOT_ARTIFACT),
-            "python": platform.python_version(), "torch": torch.__version__, "vllm": vllm.__version__}
+            "python": platform.python_version(), "torch": torch.__version__, "vllm": vllm.__version__,
+            "transformers": _version_of("transformers")}
+
+
+def _version_of(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def _hashed_fields(sub: Any) -> tuple[str, dict]:
+    """``sub.compute_hash()`` and, for a config that hashes through vLLM's ``get_hash_factors``
+    (vllm/config/utils.py: ModelConfig, CacheConfig, ...), each field it hashed as it normalized it (a dtype, a list,
+    a dict included: what a plain-field comparison misses), its JSON text."""
+    import vllm.config.utils as utils
+
+    seen: list[dict] = []
+    original = utils.get_hash_factors
+
+    def recording(config: Any, *args: Any, **kwargs: Any) -> dict:
+        out = original(config, *args, **kwargs)
+        if config is sub:
+            seen.append(out)
+        return out
+
+    utils.get_hash_factors = recording
+    try:
+        digest = sub.compute_hash()
+    finally:
+        utils.get_hash_factors = original
+    hashed = seen[0] if seen else {}
+    return digest, {k: v if isinstance(v, (str, int, float, bool, type(None))) else json.dumps(v, sort_keys=True,
+                                                                                              default=str)
+                    for k, v in hashed.items()}
 
 
 def directory_key(config: Any, model_key: str) -> str:

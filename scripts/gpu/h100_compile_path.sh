@@ -10,7 +10,8 @@
 # Every state runs the interpreter the bundle was built with (torch's SystemInfo pins Python's exact version; the
 # image's is 3.12.3, the CPU box's 3.12.1): CPython 3.12.1 carried as .carry/c39b/python-3.12.1.tar.xz, with the
 # image's own site-packages (torch, Triton, transformers: cp312 wheels) on its path.
-# Results: $OUT/<state>.json (+ .log), $OUT/install.txt, $OUT/env.txt, $OUT/summary.txt.
+# Results: $OUT/<state>.json (+ .log), $OUT/install.txt, $OUT/factors-diff.txt (every differing factor, field by
+# field) + factors.json (both sets), $OUT/env.txt, $OUT/summary.txt.
 # Carry: [".carry/c39", ".carry/c39b"] (scripts/gpu/prepare_compile_path_carry.sh makes c39b).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -18,12 +19,20 @@ T=/tmp/kc39b; rm -rf "$T"; mkdir -p "$T"
 C=.carry/c39b
 python3 -c "import tarfile; tarfile.open('.carry/c39/vllm-tree.tar.xz').extractall('$T/vx', filter='fully_trusted')"
 python3 -c "import tarfile; tarfile.open('$C/python-3.12.1.tar.xz').extractall('$T/py', filter='fully_trusted')"
+# The build's transformers, huggingface_hub and tokenizers (ModelConfig hashes hf_config's JSON, which names
+# transformers' version): first on the path unless KC_IMAGE_TRANSFORMERS=1
+TF=""
+if [ -f $C/site-transformers.tar.xz ] && [ "${KC_IMAGE_TRANSFORMERS:-0}" != 1 ]; then
+  python3 -c "import tarfile; tarfile.open('$C/site-transformers.tar.xz').extractall('$T/tf', filter='fully_trusted')"
+  TF=$T/tf:
+fi
 IMAGE_SITE=$(python3 -c "import sys; print(':'.join(p for p in sys.path if p.endswith(('site-packages', 'dist-packages'))))")
 PY=$T/py/bin/python3.12
 export LD_LIBRARY_PATH=$T/py/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PYTHONPATH=$PWD/scripts/gpu/site:$PWD:$T/vx/site:$T/vx/vllm:$IMAGE_SITE PYTHONUNBUFFERED=1 PYTHONNOUSERSITE=1
+export PYTHONPATH=$PWD/scripts/gpu/site:$PWD:$TF$T/vx/site:$T/vx/vllm:$IMAGE_SITE PYTHONUNBUFFERED=1 PYTHONNOUSERSITE=1
 { nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
-  for p in python3 "$PY"; do $p -c "import torch, triton, sys; print(sys.executable, sys.version.split()[0], torch.__version__, triton.__version__)"; done
+  for p in python3 "$PY"; do $p -c "import torch, triton, transformers, sys; print(sys.executable, sys.version.split()[0], torch.__version__, triton.__version__, 'transformers', transformers.__version__)"; done
+  "$PY" -c "import sysconfig; print('include', sysconfig.get_paths()['include'])"
   gcc --version | head -1; } > "$OUT/env.txt" 2>&1
 BUNDLE=$(ls $C/*.tar.zst | head -1)
 M=$(cat $C/model-path)
@@ -42,6 +51,17 @@ state warm 150 HOME=$T/home-cold VLLM_CACHE_ROOT=$T/cold
 { HOME=$T/home-install "$PY" -m kernelcache install "$BUNDLE" --cache-dir $T/cache; echo "install rc=$?"
   HOME=$T/home-install "$PY" -m kernelcache env --cache-dir $T/cache --json > $T/env.json; echo "env rc=$?"
   cat $T/env.json; } > "$OUT/install.txt" 2>&1
+# Every factor that differs between the bundle's record and this environment's (install names the first three),
+# and both factor sets whole
+HOME=$T/home-install "$PY" - "$BUNDLE" "$OUT" > "$OUT/factors-diff.txt" 2>&1 <<'PY'
+import json, sys
+from pathlib import Path
+from kernelcache import enginecompile as ec
+record = ec.bundle_records(Path(sys.argv[1]))[0]
+here = ec.factors_here(record)
+json.dump({"bundle": record, "here": here}, open(f"{sys.argv[2]}/factors.json", "w"), indent=1, default=str)
+print("\n".join(ec.differences(record, here)) or "no factor differs")
+PY
 cat "$OUT/install.txt"
 mapfile -t VARS < <("$PY" -c "import json; [print(f'{k}={v}') for k, v in json.load(open('$T/env.json')).items() if k != 'PYTHONPATH']")
 state bundle 150 HOME=$T/home-fresh "${VARS[@]}"
