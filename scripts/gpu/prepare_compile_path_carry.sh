@@ -39,6 +39,9 @@ rm -rf "$check"
 # The build's transformers with the hub client and tokenizers it needs (ModelConfig hashes hf_config's JSON, which
 # names transformers' version: the device's own would change vLLM's key)
 site=$("$PY" -c "import transformers, os; print(os.path.dirname(os.path.dirname(transformers.__file__)))")
-(cd "$site" && tar --exclude=__pycache__ -cJf - transformers transformers-*.dist-info huggingface_hub \
-  huggingface_hub-*.dist-info tokenizers tokenizers-*.dist-info) > "$out/site-transformers.tar.xz"
+# (tar's exit 1 is "file changed as we read it": the venvs' files are hard links of uv's cache, whose link count,
+# and so ctime, changes while other venvs are made; the contents do not)
+(cd "$site" && tar --exclude=__pycache__ --warning=no-file-changed -cJf - transformers transformers-*.dist-info \
+  huggingface_hub huggingface_hub-*.dist-info tokenizers tokenizers-*.dist-info || [ $? -eq 1 ]) \
+  > "$out/site-transformers.tar.xz"
 ls -la "$out"; du -sh .carry/c39 "$out"
