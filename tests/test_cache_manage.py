@@ -418,7 +418,7 @@ def test_sigkill_during_rm_never_tears_a_kernel_and_the_next_command_finishes_it
         if i % 5 == 4:  # the next command of any kind finishes it: here `kernelcache env`
             kc("env", "--cache-dir", str(cache), check=True)
         else:
-            recover(cache)
+            recover(CacheDir(cache))
         check_recovered(parts, cache, journal or not has_receipt(cache, archive.read_manifest(parts["a"])))
     (tmp_path / "kills.json").write_text(json.dumps({"events": len(trace), "window": [start, end], "seen": seen}))
     assert sum(n for k, n in seen.items() if k.startswith("killed")) >= KILLS - 2, seen
@@ -435,7 +435,7 @@ def test_kills_during_the_removal_roll_forward_still_converge(parts, tmp_path):
         ended, _ = fork_run(removal(cache), kill_at=start + 3 + round_)
         assert ended == "killed" and leftovers(cache)["journal"]
         for _ in range(3):
-            fork_run(lambda cache=cache: recover(cache), kill_at=rng.randint(1, 30))
+            fork_run(lambda cache=cache: recover(CacheDir(cache)), kill_at=rng.randint(1, 30))
             check_after_kill(parts, cache)
-        recover(cache)
+        recover(CacheDir(cache))
         check_recovered(parts, cache, journal=True)

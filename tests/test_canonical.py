@@ -46,6 +46,8 @@ def old_data(manifest: Manifest) -> dict:
         del data["tuning"]
     if manifest.walks is None:  # likewise bundles without walk records
         del data["walks"]
+    if manifest.engine is None:  # likewise bundles without the engine's compile artifact
+        del data["engine"]
     for module in data["flashinfer"]:  # likewise FlashInfer modules built without a record of their sources
         if module["sources_sha256"] is None:
             del module["sources"], module["sources_sha256"]

@@ -184,8 +184,9 @@ def _install_wheels(target: Path, say: Callable[[str], None], wheels: tuple[str,
             if line.strip().startswith(_PROGRESS):
                 say(f"  {line.strip()}")
     if pip.returncode != 0:
+        fetcher = "pip" if command[1:3] == ["-m", "pip"] else "uv"
         raise ToolchainUnavailable(
-            f"{command[0]} could not fetch the CUDA {CUDA_VERSION} toolchain that builds FlashInfer's {MODULE} "
+            f"{fetcher} could not fetch the CUDA {CUDA_VERSION} toolchain that builds FlashInfer's {MODULE} "
             f"module ({_last_line(chr(10).join(lines))}); check the network and disk space, or {_OTHERWISE}")
 
 

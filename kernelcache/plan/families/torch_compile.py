@@ -12,7 +12,9 @@ from ..releases import stable
 CONTACTS = stable(
     "vllm.compilation.caching:aot_compile_hash_factors", "vllm.compilation.decorators:_model_hash_key",
     "vllm.model_executor.model_loader.utils:initialize_model", "vllm.forward_context:set_forward_context",
-    "vllm.engine.arg_utils:AsyncEngineArgs")
+    "vllm.engine.arg_utils:AsyncEngineArgs", "vllm", "vllm._custom_ops", "vllm.envs", "vllm.platforms",
+    "vllm.config.utils", "vllm.config:set_current_vllm_config", "vllm.compilation.counter:compilation_counter",
+    "vllm.usage.usage_lib:UsageContext", "vllm.utils.torch_utils:set_default_torch_dtype")
 
 
 class TorchCompile(Family):
