@@ -1,4 +1,4 @@
-"""The ``compile`` path: vLLM's own torch.compile artifact in the bundle, built without a GPU (issue 39).
+"""The ``compile`` path: vLLM's own torch.compile artifact in the bundle, built without a GPU.
 
 Build: ``build_artifact`` runs exercise/vllm_compile.py in a child process (the CUDA-runtime shim preloaded, the
 GPU hidden, ``VLLM_CACHE_ROOT`` a fresh directory) and takes what vLLM wrote under ``torch_compile_cache`` as one

@@ -1,4 +1,4 @@
-"""vLLM's own torch.compile of a served model, on a GPU that is not here (the ``compile`` path, issue 39).
+"""vLLM's own torch.compile of a served model, on a GPU that is not here (the ``compile`` path).
 
 ``python -m kernelcache.exercise.vllm_compile REQUEST`` (with ``fake_cuda_runtime``'s shim preloaded for ``build``):
 
