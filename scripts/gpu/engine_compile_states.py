@@ -26,8 +26,6 @@ from collections import Counter
 from pathlib import Path
 
 EVENTS: Counter = Counter()
-LIBRARIES: list = []
-SCHEMAS = Path(__file__).resolve().parents[2] / "kernelcache" / "exercise" / "vllm_c_op_schemas.json"
 TIMES: dict = {}
 
 
@@ -38,33 +36,13 @@ def substitutes(report: dict) -> None:
     import vllm._custom_ops  # noqa: F401 -- loads vLLM's compiled ops where they are installed, before any stand-in
 
     from kernelcache.exercise import fake_ops
+    from kernelcache.exercise.vllm_compile import define_missing_c_ops
     from kernelcache.exercise.vllm_mamba import install_ops
 
     done = fake_ops.install()
     done["ops"] += install_ops(fake_ops)
     done["schemas_only"] = define_missing_c_ops()
     report["substituted"] = done
-
-
-def define_missing_c_ops() -> list[str]:
-    """vLLM's compile passes name ``torch.ops._C`` ops at import (``passes/fusion/matcher_utils.py``:
-    ``ROTARY_OP = torch.ops._C.rotary_embedding.default``, the norm and quant ops). Without vLLM's ``_C`` extension
-    (92 MB, too large to carry) each missing op of vllm_c_op_schemas.json (the schemas vLLM 0.33.0's
-    ``_C_stable_libtorch`` registers, read on the CPU box) is defined with no kernel: naming it works, calling it
-    fails loudly. Returns the ops defined so."""
-    import torch
-
-    schemas = json.loads(SCHEMAS.read_text())
-    library = torch.library.Library("_C", "FRAGMENT")
-    defined = []
-    for name, schema in sorted(schemas.items()):  # "op.overload" ("op.default" for the plain one)
-        op, overload = name.rsplit(".", 1)
-        if hasattr(torch.ops._C, op) and overload in getattr(torch.ops._C, op).overloads():
-            continue
-        library.define(schema)
-        defined.append(name)
-    LIBRARIES.append(library)  # a Library's definitions live as long as it does
-    return defined
 
 
 def main() -> int:
