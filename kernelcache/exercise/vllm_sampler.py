@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import itertools
+import os
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -40,8 +41,11 @@ def setup_platform(capability: int, sm_count: int, product: str = "NVIDIA GPU") 
     (kernelcache's test kernels) never pays vLLM's import (about 3 s of CPU a process)."""
     if "vllm" in sys.modules:
         _target_platform(capability, sm_count, product)
-    else:
-        after_import("vllm", lambda: _target_platform(capability, sm_count, product))
+        return
+    after_import("vllm", lambda: _target_platform(capability, sm_count, product))
+    # What importing vLLM does to the environment (vllm/env_override.py), done here too: the bundle records the
+    # Triton variables set in its exercise processes (format/identity.py), the same whether a unit imported vLLM.
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
 
 def _target_platform(capability: int, sm_count: int, product: str) -> None:
