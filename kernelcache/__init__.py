@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 import types
-from importlib import import_module
 
 from .version import __version__
 
@@ -89,6 +88,8 @@ def __getattr__(name: str) -> Any:
     if target is None:
         raise AttributeError(f"module 'kernelcache' has no attribute {name!r}")
     module, _, attr = target.partition(":")
+    from importlib import import_module  # here: importlib costs every pod start (entry.py) its import
+
     return getattr(import_module(module), attr)
 
 

@@ -33,7 +33,6 @@ installer load.
 from __future__ import annotations
 
 import os
-from collections import namedtuple
 
 from ..bundle.trust import NO_POLICY, key_fingerprints, signature_path
 from ..format.envscan import gpu_witness, key_digest, scan_key
@@ -60,8 +59,15 @@ def _record_path(root: str, bundle: str) -> str:
     return state_path(root, CHECKED, f"{name}.json")
 
 
-# A no-op install the record vouches for (a namedtuple: typing's NamedTuple would cost the import of typing).
-Checked = namedtuple("Checked", ["cache_dir", "digest", "warnings", "signature", "choices"])
+class Checked:
+    """A no-op install the record vouches for. A plain class: a namedtuple, typing's NamedTuple or a dataclass
+    would cost every pod start the import of collections, typing or dataclasses."""
+
+    __slots__ = ("cache_dir", "digest", "warnings", "signature", "choices")
+
+    def __init__(self, cache_dir: str, digest: str, warnings: tuple[str, ...], signature: dict, choices: str) -> None:
+        self.cache_dir, self.digest, self.warnings, self.signature, self.choices = (
+            cache_dir, digest, warnings, signature, choices)
 
 
 def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[int], digest: str,
