@@ -174,13 +174,13 @@ def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "p25": q[0], "p75": q[2], "min": min(values), "max": max(values)}
 
 
-def scenarios() -> tuple[str, ...]:
-    """The scenarios, and the unpack floor where zstd and tar are on PATH."""
-    return (*SCENARIOS, FLOOR) if shutil.which("zstd") and shutil.which("tar") else SCENARIOS
+def scenarios(only: list[str]) -> tuple[str, ...]:
+    """The scenarios (those in ``only`` where given), and the unpack floor where zstd and tar are on PATH."""
+    every = (*SCENARIOS, FLOOR) if shutil.which("zstd") and shutil.which("tar") else SCENARIOS
+    return tuple(name for name in every if not only or name in only)
 
 
-def measure(sources: list[Source], runs: int) -> dict:
-    names = scenarios()
+def measure(sources: list[Source], runs: int, names: tuple[str, ...]) -> dict:
     results: dict = {s.label: {k: {"wall": [], "cpu": []} for k in (*names, "direct")} for s in sources}
     for _ in range(runs):
         for source in sources:
@@ -196,12 +196,12 @@ def measure(sources: list[Source], runs: int) -> dict:
     return results
 
 
-def render(results: dict, runs: int) -> str:
+def render(results: dict, runs: int, names: tuple[str, ...]) -> str:
     lines = ["| source | scenario | median wall (ms) | IQR (ms) | min-max (ms) | median CPU (ms) |",
              "| --- | --- | --- | --- | --- | --- |"]
     for label, rows in results.items():
         direct = statistics.median(rows["direct"]["wall"])
-        for name in scenarios():
+        for name in names:
             wall, cpu = summary(rows[name]["wall"]), statistics.median(rows[name]["cpu"])
             shift = direct if name.startswith("run") else 0.0
             note = " (added to /bin/true)" if shift else ""
@@ -294,6 +294,8 @@ def main() -> int:
                         help="LABEL=DIR or LABEL=DIR@BUNDLE: a venv with kernelcache installed, its console script")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--scenario", action="append", default=[], choices=[*SCENARIOS, FLOOR],
+                        help="Measure only this scenario (repeatable; default: all).")
     parser.add_argument("--parts", action="store_true", help="Also time the parts of a first fingerprint.")
     parser.add_argument("--json", type=Path, default=None, help="Also write every measurement here.")
     parser.add_argument("--as-installed", action=argparse.BooleanOptionalAction, default=True,
@@ -312,8 +314,9 @@ def main() -> int:
     for source in sources:
         source.prepare()
         source.check_imported()
-    results = measure(sources, args.runs)
-    print(render(results, args.runs))
+    names = scenarios(args.scenario)
+    results = measure(sources, args.runs, names)
+    print(render(results, args.runs, names))
     if args.parts:
         print(fingerprint_parts(sources[-1], args.runs))  # the newest source: older ones may lack envkey
     print(f"after: {machine(args.python)}")
