@@ -109,6 +109,8 @@ def _listdir(path: str) -> list[str]:
 
 
 def _normalize(name: str) -> str:
+    if "-" not in name and "." not in name and "__" not in name:
+        return name.lower()  # no run of separators to collapse: a dist-info's name part, as wheels write it
     out: list[str] = []  # re.sub(r"[-_.]+", "_", name), without importing re (a no-op install's pod start)
     separated = False
     for char in name:
