@@ -8,7 +8,7 @@ and mixed batches, each with ``GDNAttentionMetadataBuilder.build``. ``forward_cu
 the conv kernels, the chunked gated delta rule (``ChunkGatedDeltaRule``'s FLA kernels, or FlashInfer's prefill:
 ``_resolve_gdn_prefill_backend``) and the recurrent decode kernels.
 
-Autotuned FLA kernels compile every candidate, as exercise/vllm_mamba.py's ``AutotuneCandidates`` does. In cross
+Autotuned FLA kernels compile every candidate, with exercise/layers.py's ``AutotuneCandidates``. In cross
 mode torch's CUDA queries answer as on the target while FLA's modules import (``cuda_answers``: FLA's
 ``is_nvidia_hopper`` and ``check_shared_mem`` pick warp counts and block sizes), the layer's custom ops resolve
 to their Python bodies, and ``_C::fused_gdn_decode_post_conv_mtp`` is faked where absent (its presence decides
@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import vllm_mamba
+from . import layers
 from .drivers import cross, device_scope, require_triton
-from .vllm_mamba import AutotuneCandidates, drive, python_bodies, real_host, summary, tensor_parallel, warmup_failures
+from .layers import AutotuneCandidates, drive, python_bodies, real_host, summary, tensor_parallel, warmup_failures
 from .vllm_serve import answering_flash_attn_version, fa_version
 
 LAYER_NAME = "model.layers.0.linear_attn"
@@ -40,7 +40,7 @@ CHUNK = 64  # FLA_CHUNK_SIZE (ops/utils.py): every chunk kernel's BT
 CONTEXT = 37  # tokens already in a request's state before a decode or a continued prefill
 GDN_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
 # Modules that read the TP world size and rank: the linear layers and the GDN base class (GatedDeltaNetAttention).
-TP_USERS = (*vllm_mamba.TP_USERS, "vllm.model_executor.layers.mamba.gdn.base")
+TP_USERS = (*layers.TP_USERS, "vllm.model_executor.layers.mamba.gdn.base")
 CORE_OPS = ("qwen_gdn_attention_core", "qwen_gdn_attention_core_fused_norm_packed")
 
 
@@ -92,7 +92,7 @@ def gdn(*, hidden_size: int, linear_num_key_heads: int, linear_num_value_heads: 
     check_arguments(dims, entries)
     substitutions = prepare()
     require_triton()
-    tuner = FlaAutotuneCandidates() if cross() else None
+    tuner = AutotuneCandidates(tuple(f"{FLA}.{name}" for name in FLA_MODULES)) if cross() else None
     with tensor_parallel(dims.tp, TP_USERS), device_scope(), real_host(), device_zero(), \
             (tuner or contextlib.nullcontext()):
         layer = make_layer(dims, max_num_seqs, max_num_batched_tokens)
@@ -133,7 +133,7 @@ def prepare() -> dict:
     from . import fake_ops
 
     done = fake_ops.install()
-    done["ops"] += vllm_mamba.install_ops(fake_ops)
+    done["ops"] += layers.install_ops(fake_ops)
     if cross():
         done["ops"] += install_mtp_op(fake_ops)
     done["platform"] = platform_like_cuda() if cross() else []
@@ -171,7 +171,7 @@ def platform_like_cuda() -> list[dict]:
     """The build's platform answers as vLLM's ``CudaPlatformBase`` does for what the GDN path asks."""
     from vllm.platforms import current_platform
 
-    done = vllm_mamba.pdl_like_cuda()
+    done = layers.pdl_like_cuda()
     platform = type(current_platform)
     if platform.__name__ != "CudaPlatform" and "get_cuda_runtime_major" not in vars(platform):
         platform.get_cuda_runtime_major = classmethod(lambda cls: cuda_runtime_major())
@@ -611,36 +611,6 @@ def flashinfer_prefill_shapes(layer: GdnLayer):
         yield
     finally:
         qwen_gdn_linear_attn.fi_chunk_gated_delta_rule = saved
-
-
-# -- autotuned kernels --------------------------------------------------------------------------------------------
-
-
-def autotuners(module: Any) -> list[Any]:
-    """The ``Autotuner`` objects of a module's kernels, under any ``@triton.heuristics`` wrapping them."""
-    from triton.runtime.autotuner import Autotuner
-
-    found = []
-    for value in vars(module).values():
-        for _ in range(3):
-            if isinstance(value, Autotuner):
-                found.append(value)
-                break
-            value = getattr(value, "fn", None)
-    return found
-
-
-class FlaAutotuneCandidates(AutotuneCandidates):
-    """Cross mode: every launch of an autotuned FLA kernel compiles all its candidates (exercise/vllm_mamba.py)."""
-
-    def __enter__(self) -> FlaAutotuneCandidates:
-        import importlib
-
-        for name in FLA_MODULES:
-            for kernel in autotuners(importlib.import_module(f"{FLA}.{name}")):
-                if kernel.base_fn.__name__ not in self.kernels:
-                    self._patch(kernel)
-        return self
 
 
 # -- summary ------------------------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ def timed(module, layer, label: str, batch, outputs: dict, inputs: dict) -> floa
     hidden states, synchronized and timed; a request step's output and input are kept. Its seconds."""
     import torch
 
-    from kernelcache.exercise.vllm_mamba import random_hidden
+    from kernelcache.exercise.layers import random_hidden
 
     hidden = random_hidden(layer, batch)
     torch.cuda.synchronize()

@@ -27,7 +27,7 @@ BENCH_SECONDS: Counter = Counter()
 
 def check(tasks: list[dict], records: list[dict]) -> dict:
     from kernelcache.exercise import vllm_gdn as vg
-    from kernelcache.exercise.vllm_mamba import real_host, tensor_parallel
+    from kernelcache.exercise.layers import real_host, tensor_parallel
 
     count_benchmarks()
     task = tasks[0]["kwargs"]
@@ -88,10 +88,11 @@ def chosen() -> dict:
     import importlib
 
     from kernelcache.exercise import vllm_gdn as vg
+    from kernelcache.exercise.layers import autotuners
 
     found = {}
     for name in vg.FLA_MODULES:
-        for kernel in vg.autotuners(importlib.import_module(f"{vg.FLA}.{name}")):
+        for kernel in autotuners(importlib.import_module(f"{vg.FLA}.{name}")):
             fn = kernel.base_fn.__name__
             found[fn] = {"configs": len(kernel.configs), "benchmark_runs": BENCH[fn],
                          "benchmark_s": round(BENCH_SECONDS[fn], 4),
