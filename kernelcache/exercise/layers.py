@@ -1,5 +1,5 @@
 """What the stateful-layer drivers (exercise/vllm_mamba.py, exercise/vllm_gdn.py) and their GPU checks share.
-Public: a new layer family's driver, and scripts/gpu/checks/, import these from here, not from a sibling driver.
+Public: a new layer family's driver, and tests/gpu_checks/, import these from here, not from a sibling driver.
 
 * A one-process world for vLLM's layers (``single_rank``) and rank 0 of a tensor-parallel size without a process
   group (``tensor_parallel``).

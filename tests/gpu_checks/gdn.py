@@ -5,7 +5,7 @@ Triton's ``Autotuner._bench`` is wrapped to count the autotuner's benchmark runs
 their seconds. The layer, its state and its metadata are the ones kernelcache's ``gdn`` exercise builds
 (exercise/vllm_gdn.py: ``QwenGatedDeltaNetAttention`` -> ``GDNAttentionMetadataBuilder`` -> ``forward``) with the
 bundle's task (dims, dtype, drafts, prefill backend, the attention layers' page), natively: vLLM's CUDA platform,
-Triton's real autotuner. Steps (checks/common.py): the engine's profile run (a dummy step of
+Triton's real autotuner. Steps (gpu_checks/common.py): the engine's profile run (a dummy step of
 ``max_num_batched_tokens`` tokens without attention metadata, in which vLLM warms the FLA prefill kernels: where a
 server's autotuner times them; ``profile_s``), then the requests (``first_call_s`` is the first's). Weights and
 inputs are seeded, so two processes compute the same thing given the same autotune choices; the chosen configs

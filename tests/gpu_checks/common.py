@@ -1,4 +1,4 @@
-"""What the checks share: for the autotuned layers (scripts/gpu/checks/mamba.py, gdn.py) their steps, counts per
+"""What the checks share: for the autotuned layers (tests/gpu_checks/mamba.py, gdn.py) their steps, counts per
 kernel, the autotune JSON Triton wrote, the error against a reference; for every state prove.py runs, the nvcc runs
 its wrapper logged (``nvcc_runs``)."""
 

@@ -6,7 +6,7 @@ The layer, its state and its metadata are the ones kernelcache's ``mamba`` exerc
 ``MambaMixer2`` -> ``Mamba2AttentionMetadataBuilder`` -> ``MambaMixer2.forward``) with the bundle's task (dims,
 dtype, state dtype, sequences, batched tokens), natively: vLLM's CUDA platform, Triton's real autotuner. The C op
 the pure-Python vLLM tree lacks (``_C::cutlass_scaled_mm_supports_fp8``, an import-time capability query) is
-answered in Python (listed in the output). Steps (checks/common.py): the engine's profile run (a dummy step of
+answered in Python (listed in the output). Steps (gpu_checks/common.py): the engine's profile run (a dummy step of
 ``max_num_batched_tokens`` tokens without attention metadata, in which vLLM warms the SSD kernels: where a
 server's autotuner times them), then the requests. ``profile_s`` is the profile step (engine start),
 ``first_call_s`` the first request's. Weights and inputs are seeded, so two processes compute the same thing given
