@@ -48,6 +48,21 @@ def test_every_check_defines_the_public_entry_point():
         assert [a.arg for a in found.args.args] == ["tasks", "records"], name
 
 
+def test_every_name_a_check_imports_from_kernelcache_exists():
+    """What a check imports when it runs (inside its functions) is there: a moved or renamed driver helper fails
+    here, on the CPU, not on the GPU box."""
+    import importlib.util
+
+    for name in prove.checks():
+        tree = ast.parse((prove.CHECKS / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kernelcache"):
+                module = importlib.import_module(node.module)
+                missing = [a.name for a in node.names if not hasattr(module, a.name)
+                           and importlib.util.find_spec(f"{node.module}.{a.name}") is None]
+                assert not missing, f"{name}: {node.module} has no {missing}"
+
+
 def test_every_check_loads_without_a_gpu():
     """A check imports torch, Triton, vLLM and its family's driver when it runs: loading it (as --child does) needs
     none of them."""
