@@ -51,8 +51,6 @@ def test_every_check_defines_the_public_entry_point():
 def test_every_name_a_check_imports_from_kernelcache_exists():
     """What a check imports when it runs (inside its functions) is there: a moved or renamed driver helper fails
     here, on the CPU, not on the GPU box."""
-    import importlib.util
-
     for name in prove.checks():
         tree = ast.parse((prove.CHECKS / f"{name}.py").read_text())
         for node in ast.walk(tree):
