@@ -191,7 +191,7 @@ def build(args, report: dict) -> None:
     substitutes(report)
     import torch
 
-    from kernelcache.exercise.fake_device import fake_cuda
+    from kernelcache.exercise.drivers import device_scope
     from kernelcache.exercise.layers import single_rank
 
     config = engine_config(args)
@@ -200,7 +200,7 @@ def build(args, report: dict) -> None:
     from vllm.model_executor.model_loader.utils import initialize_model
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    with set_default_torch_dtype(config.model_config.dtype), fake_cuda(), torch.device("cuda"):
+    with set_default_torch_dtype(config.model_config.dtype), device_scope(), torch.device("cuda"):
         model = initialize_model(config)
         ids = torch.zeros(args.tokens, dtype=torch.int64, device="cuda")
         positions = torch.zeros(args.tokens, dtype=torch.int64, device="cuda")

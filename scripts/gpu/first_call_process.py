@@ -402,14 +402,14 @@ def _fake_target():
 
 
 def device_scope():
-    """Fake CUDA tensors in a dry run (kernelcache/exercise/fake_device.py); nothing otherwise."""
+    """Fake CUDA tensors in a dry run (the exercise drivers' scope in cross mode); nothing otherwise."""
     import contextlib
 
     if not FAKE:
         return contextlib.nullcontext()
-    from kernelcache.exercise.fake_device import fake_cuda
+    from kernelcache.exercise import drivers
 
-    return fake_cuda()
+    return drivers.device_scope()
 
 
 def _profiler():
