@@ -231,8 +231,11 @@ class _Inventory:
 
 
 def built_for(manifest: Manifest) -> tuple[str, str]:
-    """(the serve command, vLLM's config hash) a bundle records in its plan; empty where it has none."""
-    served = (manifest.build.plan or {}).get("serve") or {}
+    """(the serve command, vLLM's config hash) a bundle records in its plan (plan/serve.py ``served_record``); empty
+    where it has none."""
+    from .plan.serve import served_record  # the families' registry: only where a plan is read
+
+    served = served_record(manifest.build.plan) or {}
     return str(served.get("command", "")), str(served.get("config_hash", ""))
 
 
