@@ -13,7 +13,8 @@ import pytest
 
 pytestmark = pytest.mark.fast
 ROOT = Path(__file__).resolve().parents[1]
-OWN_TEXT = [*ROOT.glob("kernelcache/**/*.py"), *ROOT.glob("scripts/**/*"), *ROOT.glob("docs/*.md"),
+OWN_TEXT = [*ROOT.glob("kernelcache/**/*.py"), *ROOT.glob("scripts/**/*"), *ROOT.glob("tests/gpu_checks/*.py"),
+            *ROOT.glob("docs/*.md"),
             *ROOT.glob("kernelcache/recipes/**/*.toml"), ROOT / "README.md"]
 
 
