@@ -13,7 +13,8 @@ mode torch's CUDA queries answer as on the target while FLA's modules import (``
 ``is_nvidia_hopper`` and ``check_shared_mem`` pick warp counts and block sizes; where FLA's import leaves CUDA
 uninitialised, as on vLLM 0.34, ``chunk_fwd_kernel_o`` also compiles the candidates of a process that imports it
 before CUDA is up: ``uninitialised_configs``), the layer's custom ops resolve to their Python bodies, and
-``_C::fused_gdn_decode_post_conv_mtp`` is faked where absent (its presence decides Qwen3.5's drafts path). Background and what is not driven: docs/FAMILIES.md, "gdn".
+``_C::fused_gdn_decode_post_conv_mtp`` is faked where absent (its presence decides Qwen3.5's drafts path).
+Background and what is not driven: docs/FAMILIES.md, "gdn".
 """
 
 from __future__ import annotations
