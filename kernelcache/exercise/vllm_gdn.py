@@ -129,7 +129,10 @@ def check_arguments(dims: Dims, entries: list[str]) -> None:
 
 def prepare() -> dict:
     """Import shims and C ops (exercise/fake_ops.py), in cross mode the platform's answers and the CUDA MTP op;
-    then vLLM's FLA and GDN modules, imported with torch's CUDA queries answering as the target (cross mode)."""
+    then vLLM's FLA and GDN modules, imported with torch's CUDA queries answering as the target (cross mode), or
+    natively with CUDA initialised first (``initialise_cuda``)."""
+    if not cross():
+        initialise_cuda()
     import vllm._custom_ops  # noqa: F401 -- loads vLLM's compiled ops where they are installed
 
     from . import fake_ops
@@ -139,8 +142,6 @@ def prepare() -> dict:
     if cross():
         done["ops"] += install_mtp_op(fake_ops)
     done["platform"] = platform_like_cuda() if cross() else []
-    if not cross():
-        initialise_cuda()
     done["device_queries"] = import_fla()
     done["calls"] = ([{"call": f"torch.ops.vllm.{op}", "by": f"qwen_gdn_linear_attn.{op}",
                        "why": "under FakeTensorMode the custom op runs its fake impl, which launches no kernel"}
