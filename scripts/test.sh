@@ -86,9 +86,11 @@ serving_ready() {
 
 # Two streams, one per core of a 2-core CI machine: most tests run one process at a time, so together they take
 # about as long as the longer stream. A runs the quick tests; the slow tests (the model families' cross builds)
-# and the serving stack's run one pytest per file and kind, each taken once by whichever stream is free: B from
-# the start, slow files first, A once its quick tests are done, serving files first. So both streams end close
-# together. Each stream's output is printed whole once it ends.
+# and the serving stack's are jobs, each taken once by whichever stream is free: B from the start, slow jobs
+# first, A once its quick tests are done, serving jobs first. So both streams end close together. Each stream's
+# output is printed whole once it ends. A job is one pytest: each long file alone (so the last job taken is short
+# and the streams end together), the other files of a kind all in one, which imports torch and vLLM to collect
+# them once and builds the session's test kernels (conftest.py built, bundle90) once, not once per file.
 stream() {
   local name=$1 rc=0
   shift
@@ -96,11 +98,11 @@ stream() {
   stamp "stream $name done (exit $rc)" >> "build/test-$name.log"
   return "$rc"
 }
-# The longest slow files known go first: the last file taken decides how far apart the streams end. Of the
-# serving files, test_serving_stack goes first: its builds fill the session's build cache in .venv, which the
-# 0.33 rerun of test_serving_releases then takes from.
-SLOW_FIRST="test_exercise_records test_build_vllm test_device_keys test_build_gdn test_build_flashinfer_attention"
-SERVING_FIRST="test_serving_stack test_serving_releases test_examples_run test_uv_vllm_flashinfer"
+# The longest files known, each a job of its own, longest first: the last job taken decides how far apart the
+# streams end. The slow files' builds and test_serving_stack's fill the session's build cache in their venvs.
+SLOW_FIRST="test_build_vllm test_exercise_records test_build_gdn test_build_mamba test_device_keys test_build_moe
+            test_build_mrv2_spec_decode test_build_flashinfer_attention"
+SERVING_FIRST="test_serving_stack test_serving_releases test_examples_run"
 SLOW="slow and not serving"
 rm -rf build/test-jobs build/test-claims
 # The files with tests of marker expression $1, as pytest collects them.
@@ -110,29 +112,42 @@ files_of() {
   [ "$rc" = 0 ] || [ "$rc" = 5 ] || { echo "$listed" | tail -30 >&2; return "$rc"; }
   echo "$listed" | sed -n 's/::.*//p' | awk '!seen[$0]++'
 }
-# build/test-jobs: a line "slow FILE" or "serving FILE" per job.
+# The jobs of kind $1 among the files $2 (one a line): "KIND FILE" for each file of $3 (names, longest first),
+# then the rest dealt into two jobs "KIND FILE,FILE,..." (two, not one: the last job taken stays short).
+jobs_of() {
+  local kind=$1 files=$2 first name file turn=0 rest=("" "")
+  first=" $(echo $3) "
+  for name in $first; do echo "$files" | grep -Fx "tests/$name.py" | sed "s/^/$kind /" || true; done
+  for file in $files; do
+    [[ "$first" == *" $(basename "$file" .py) "* ]] && continue
+    rest[turn]="${rest[turn]},$file"
+    turn=$(( 1 - turn ))
+  done
+  for file in "${rest[@]}"; do [ -z "$file" ] || echo "$kind ${file#,}"; done
+}
+# build/test-jobs: a line "slow FILES" or "serving FILES" per job (FILES: one or more, comma-separated).
 collect_jobs() {
-  local slow served="" name file
+  local slow served=""
   slow=$(files_of "$SLOW" "$@") || return
   if [ "$serving" = 1 ]; then served=$(files_of serving "$@") || return; fi
-  { for name in $SLOW_FIRST; do echo "$slow" | grep -Fx "tests/$name.py" | sed 's/^/slow /' || true; done
-    for file in $slow; do [[ " $SLOW_FIRST " == *" $(basename "$file" .py) "* ]] || echo "slow $file"; done
-    for name in $SERVING_FIRST; do echo "$served" | grep -Fx "tests/$name.py" | sed 's/^/serving /' || true; done
-    for file in $served; do [[ " $SERVING_FIRST " == *" $(basename "$file" .py) "* ]] || echo "serving $file"; done
+  { jobs_of slow "$slow" "$SLOW_FIRST"
+    [ -z "$served" ] || jobs_of serving "$served" "$SERVING_FIRST"
   } > build/test-jobs.tmp
   mv build/test-jobs.tmp build/test-jobs
 }
 run_job() {
-  local kind=$1 file=$2 name
+  local kind=$1 files name
+  IFS=, read -ra files <<< "$2"
   shift 2
-  name=$(basename "$file" .py)
+  name=$(basename "${files[0]}" .py)
+  [ "${#files[@]}" = 1 ] || name="$name-and-$(( ${#files[@]} - 1 ))-more"
   mkdir "build/test-claims/$kind-$name" 2>/dev/null || return 0  # another stream took it
-  stamp "$kind $file taken"
-  if [ "$kind" = slow ]; then pytest_run "slow-$name" -m "$SLOW" "$file" "$@"; return; fi
+  stamp "$kind ${files[*]} taken"
+  if [ "$kind" = slow ]; then pytest_run "slow-$name" -m "$SLOW" "${files[@]}" "$@"; return; fi
   serving_ready || return
   KERNELCACHE_SERVING_VENV=$PWD/.venv KERNELCACHE_SERVING_VENV2=$PWD/.venv-serve \
     KERNELCACHE_SERVING_VENV_034=$PWD/.venv-0.34 KERNELCACHE_REQUIRE_SERVING=1 \
-    pytest_run "serving-$name" -m serving "$file" "$@"
+    pytest_run "serving-$name" -m serving "${files[@]}" "$@"
 }
 # Every job of kind $1 no stream has taken yet, then those of the other kind.
 take_jobs() {
