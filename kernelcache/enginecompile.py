@@ -16,6 +16,7 @@ loudly instead of compiling).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from .cachedir.layout import VLLM_DIR
 from .errors import BuildFailed, EngineCompileMismatch, MissingDependency
@@ -34,6 +35,7 @@ from .format.manifest import Member
 ROOT = "vllm-compile"  # the bundle's top dir for it: vllm-compile/<sha16>/{compile.json,torch_compile_cache.tar}
 RECORD, TREE = "compile.json", "torch_compile_cache.tar"
 CACHE_ROOT = VLLM_DIR  # under the cache dir: VLLM_CACHE_ROOT of a served process
+AOT_ROOT = ("torch_compile_cache", "torch_aot_compile")  # under VLLM_CACHE_ROOT: one AOT directory per hash
 FORCE = "VLLM_FORCE_AOT_LOAD"
 CACHE_ENV = "VLLM_CACHE_ROOT"
 SERVE_ENV = "KERNELCACHE_SERVE_ENV"  # JSON {name: value}: the serving environment's hashed variables (--serve-env)
@@ -247,22 +249,43 @@ def check(record: dict, serve: str | None = None, python: str = sys.executable) 
                                     f"({record['hash_dir'][:12]}): {'; '.join(differing[:3])}{more}")
 
 
+def aot_dirs(tree: Path) -> list[str]:
+    """The AOT directories an artifact's tree holds (``torch_compile_cache/torch_aot_compile/<hash>``, relative to
+    ``VLLM_CACHE_ROOT``): what ``unpack`` places, each whole."""
+    with tarfile.open(tree) as tar:
+        heads = {tuple(PurePosixPath(name).parts[:3]) for name in tar.getnames()}
+    return sorted("/".join(head) for head in heads if len(head) == 3 and head[:2] == AOT_ROOT)
+
+
 def unpack(cache_dir: Path, tree: Path) -> Path:
-    """The installed tree under ``<cache_dir>/vllm`` (each AOT directory whole, placed by a rename); returns that
-    root."""
+    """The installed tree under ``<cache_dir>/vllm`` (each AOT directory whole, placed by a rename; one already
+    there, another bundle's of the same hash, is left alone); returns that root."""
     root = cache_dir / CACHE_ROOT
     scratch = Path(tempfile.mkdtemp(prefix=".unpack-", dir=cache_dir))
     try:
         with tarfile.open(tree) as tar:
             tar.extractall(scratch, filter="data")
-        for hashed in sorted((scratch / "torch_compile_cache" / "torch_aot_compile").iterdir()):
-            final = root / "torch_compile_cache" / "torch_aot_compile" / hashed.name
+        for rel in aot_dirs(tree):
+            final = root / rel
             if not final.exists():
                 final.parent.mkdir(parents=True, exist_ok=True)
-                os.rename(hashed, final)
+                os.rename(scratch / rel, final)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return root
+
+
+def installed_dirs(cache_dir: Path, manifest) -> list[str]:
+    """What ``unpack_installed`` placed for a bundle, relative to the cache dir
+    (``vllm/torch_compile_cache/torch_aot_compile/<hash>``), read from its installed trees (a tree that is gone
+    names none). ``rm`` and ``prune`` remove these with the bundle: its receipt lists only the bundle's members."""
+    if manifest.engine is None:
+        return []
+    found: set[str] = set()
+    for _, tree in records_of(manifest.files()):
+        with contextlib.suppress(OSError, tarfile.TarError):
+            found.update(f"{CACHE_ROOT}/{rel}" for rel in aot_dirs(cache_dir / tree))
+    return sorted(found)
 
 
 def installed_root(cache_dir: Path) -> Path | None:
@@ -304,11 +327,14 @@ def unpack_installed(cache_dir: Path, manifest) -> None:
 def read_only_environment(base: Path, overlay: Path) -> dict[str, str]:
     """``environment`` for a read-only base: ``VLLM_CACHE_ROOT`` in the writable overlay, its tree mirrored from
     the base's (directories made, files linked): vLLM makes and writes files under the AOT directory after a load
-    (``inductor_cache``: Inductor's cache for later compiles), which the base cannot take."""
+    (``inductor_cache``: Inductor's cache for later compiles), which the base cannot take. Links to base files that
+    are gone (a bundle removed from the base while it was writable) are dropped first: the overlay mirrors the base
+    as it is, as the overlay's Triton manager reads the base as it is."""
     source = installed_root(base)
+    root = overlay / CACHE_ROOT
+    _drop_stale_links(root, base / CACHE_ROOT)
     if source is None:
         return {}
-    root = overlay / CACHE_ROOT
     for path in sorted(source.rglob("*")):
         target = root / path.relative_to(source)
         if path.is_dir():
@@ -317,3 +343,20 @@ def read_only_environment(base: Path, overlay: Path) -> dict[str, str]:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.symlink_to(path)
     return {"VLLM_CACHE_ROOT": str(root), FORCE: "1"}
+
+
+def _drop_stale_links(root: Path, source: Path) -> None:
+    """Remove the links under ``root`` to files of ``source`` that are gone, and the directories that leaves
+    empty (what vLLM wrote in the overlay stays)."""
+    if not root.is_dir():
+        return
+    for path in sorted(root.rglob("*"), reverse=True):
+        if path.is_symlink() and not path.exists() and Path(os.readlink(path)).is_relative_to(source):
+            path.unlink()
+            for parent in path.parents:
+                if parent == root.parent:
+                    break
+                try:
+                    parent.rmdir()
+                except OSError:  # not empty
+                    break

@@ -6,7 +6,9 @@ install or removal left (``recover``), and remove a bundle through a removal jou
 cachedir/publish.py): its receipt goes first, then each entry no other installed bundle lists is renamed whole out
 of the cache and deleted. So a reader finds each entry complete or absent, never partial; an entry another
 installed bundle lists is never removed; and a kill at any point leaves a journal that the next kernelcache command
-(``install``, ``env``, ``run``, ``rm``, ``prune``) finishes.
+(``install``, ``env``, ``run``, ``rm``, ``prune``) finishes. A bundle's entries are those its receipt lists and the
+AOT directories its vLLM compile artifacts placed under ``<cache dir>/vllm`` (``VLLM_CACHE_ROOT``); what vLLM itself
+wrote there is left alone.
 
 A bundle "matches" when its fingerprint (Python, Triton, ``triton_key()``, ptxas, the key variables, vLLM,
 FlashInfer) has no blocking difference from this environment's, the check ``install`` makes (the visible GPU is
@@ -193,18 +195,20 @@ class _Inventory:
 
     root: Path
     names: dict[str, str]  # digest -> name
+    uses: dict[str, tuple[str, ...]]  # digest -> entries (``_uses``)
     users: dict[str, list[str]]  # entry -> digests
     sizes: dict[str, int]  # entry -> bytes
     served: float | None
 
     @classmethod
     def of(cls, cache: CacheDir, receipts: tuple[Receipt, ...]) -> _Inventory:
-        users = _users(receipts)
-        return cls(cache.root, {r.digest: _name(r) for r in receipts}, users,
+        uses = _all_uses(cache.root, receipts)
+        users = _users(uses)
+        return cls(cache.root, {r.digest: _name(r) for r in receipts}, uses, users,
                    {entry: _entry_size(cache.root / entry) for entry in users}, last_served(cache.root))
 
     def listed(self, receipt: Receipt, differences: tuple[str, ...] | None) -> InstalledBundle:
-        manifest, uses = receipt.manifest, receipt.uses
+        manifest, uses = receipt.manifest, self.uses[receipt.digest]
         own = [e for e in uses if len(self.users[e]) == 1]
         served = self.served if self.served is not None and self.served >= receipt.installed_at else None
         files = manifest.files(receipt.choices)
@@ -221,14 +225,17 @@ class _Inventory:
 
     def shared(self, receipt: Receipt) -> tuple[SharedWith, ...]:
         """The other bundles that list entries of ``receipt``, the most shared first."""
-        others = Counter(d for e in receipt.uses for d in self.users[e] if d != receipt.digest)
+        others = Counter(d for e in self.uses[receipt.digest] for d in self.users[e] if d != receipt.digest)
         order = sorted(others.items(), key=lambda item: (-item[1], self.names[item[0]]))
         return tuple(SharedWith(self.names[d], d, n) for d, n in order)
 
 
 def built_for(manifest: Manifest) -> tuple[str, str]:
-    """(the serve command, vLLM's config hash) a bundle records in its plan; empty where it has none."""
-    served = (manifest.build.plan or {}).get("serve") or {}
+    """(the serve command, vLLM's config hash) a bundle records in its plan (plan/serve.py ``served_record``); empty
+    where it has none."""
+    from .plan.serve import served_record  # the families' registry: only where a plan is read
+
+    served = served_record(manifest.build.plan) or {}
     return str(served.get("command", "")), str(served.get("config_hash", ""))
 
 
@@ -289,7 +296,7 @@ def _find(receipts: tuple[Receipt, ...], which: str, root: Path) -> Receipt:
 def _remove(cache: CacheDir, doomed: list[Receipt], receipts: tuple[Receipt, ...]) -> list[Removed]:
     """Remove ``doomed`` one by one (the lock held), each with the entries no bundle still installed lists."""
     done = []
-    for receipt, gone, kept in _split(doomed, receipts):
+    for receipt, gone, kept in _split(cache, doomed, receipts):
         planned = _sized(cache, receipt, gone, kept)  # sized before it goes
         stuck = withdraw(cache, receipt.digest, gone)
         done.append(dataclasses.replace(planned, removed=tuple(e for e in gone if e not in stuck), stuck=stuck,
@@ -300,16 +307,18 @@ def _remove(cache: CacheDir, doomed: list[Receipt], receipts: tuple[Receipt, ...
     return done
 
 
-def _split(doomed: list[Receipt], receipts: tuple[Receipt, ...]) -> list[tuple[Receipt, list[str], list[str]]]:
+def _split(cache: CacheDir, doomed: list[Receipt],
+           receipts: tuple[Receipt, ...]) -> list[tuple[Receipt, list[str], list[str]]]:
     """For each bundle of ``doomed`` in turn: (its receipt, the entries that go, the entries that stay), as if the
     ones before it were gone already."""
+    uses = _all_uses(cache.root, (*receipts, *doomed))
     remaining = {r.digest: r for r in receipts}
     plan = []
     for receipt in doomed:
         remaining.pop(receipt.digest, None)
-        used = {e for r in remaining.values() for e in r.uses}
-        plan.append((receipt, [e for e in receipt.uses if e not in used],
-                     [e for e in receipt.uses if e in used]))
+        used = {e for digest in remaining for e in uses[digest]}
+        plan.append((receipt, [e for e in uses[receipt.digest] if e not in used],
+                     [e for e in uses[receipt.digest] if e in used]))
     return plan
 
 
@@ -329,7 +338,7 @@ def prune(cache_dir: str | os.PathLike | None = None, dry_run: bool = False,
     differences = {r.digest: blocking_differences(cache, r.manifest) for r in receipts}  # outside the lock: slow
     if dry_run:
         mismatched = [r for r in receipts if differences[r.digest]]
-        removed = [_sized(cache, r, gone, kept) for r, gone, kept in _split(mismatched, receipts)]
+        removed = [_sized(cache, r, gone, kept) for r, gone, kept in _split(cache, mismatched, receipts)]
         return PruneResult(cache.root, True, _explained(removed, differences), tuple(leftover_names(str(cache.state))),
                            tuple(_stale_records(cache, max_age_days)), time.perf_counter() - started)
     with _locked(cache, "prune"):
@@ -411,23 +420,34 @@ def _readable(cache: CacheDir) -> tuple[Receipt, ...]:
     return scan.receipts
 
 
-def _users(receipts: Iterable[Receipt]) -> dict[str, list[str]]:
-    """Entry -> the digests of the installed bundles that list it."""
+def _all_uses(root: Path, receipts: Iterable[Receipt]) -> dict[str, tuple[str, ...]]:
+    """Digest -> the entries the bundle uses: those its receipt lists and the AOT directories its compile artifacts
+    placed under ``vllm/`` (enginecompile.py ``installed_dirs``), which it owns like its Triton entries."""
+    from .enginecompile import installed_dirs
+
+    return {r.digest: (*r.uses, *installed_dirs(root, r.manifest)) for r in receipts}
+
+
+def _users(uses: dict[str, tuple[str, ...]]) -> dict[str, list[str]]:
+    """Entry -> the digests of the installed bundles that use it."""
     users: dict[str, list[str]] = {}
-    for receipt in receipts:
-        for entry in receipt.uses:
-            users.setdefault(entry, []).append(receipt.digest)
+    for digest, entries in uses.items():
+        for entry in entries:
+            users.setdefault(entry, []).append(digest)
     return users
 
 
 def _entry_size(entry: Path) -> int:
-    """Bytes allocated to the files of one entry dir (0 when it is gone)."""
+    """Bytes allocated to the files of one entry dir, its subdirectories' too (vLLM's AOT directories nest; Triton's
+    entries are flat); 0 when it is gone."""
     total = 0
     try:
         with os.scandir(entry) as found:
             for item in found:
                 if item.is_file(follow_symlinks=False):
                     total += item.stat(follow_symlinks=False).st_blocks * 512
+                elif item.is_dir(follow_symlinks=False):
+                    total += _entry_size(Path(item.path))
     except OSError:
         return total
     return total

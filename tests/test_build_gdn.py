@@ -112,8 +112,10 @@ def test_the_server_path_and_what_was_substituted(gdn_build):
     assert summary["page_bytes"] == 544 * 2048 and summary["ssm_state"]["stride"][0] == 544 * 2048 // 2
     assert set(summary["calls"]) == {"profile", "decode", "prefill", "mixed"} and summary["calls"]["profile"] == 1
     substituted = summary["substitutions"]
-    assert substituted["device_queries"] == {"is_nvidia_hopper": True, "check_shared_mem": True,
-                                             "is_tma_supported": False, "answered": True}
+    queries = substituted["device_queries"]
+    assert {k: v for k, v in queries.items() if k != "initialises_cuda"} == {
+        "is_nvidia_hopper": True, "check_shared_mem": True, "is_tma_supported": False, "answered": True}
+    assert queries["initialises_cuda"] is (release() == "0.33")  # tests/test_gdn_shared_memory.py
     assert [c["call"] for c in substituted["calls"]] == ["torch.ops.vllm.qwen_gdn_attention_core",
                                                          "torch.ops.vllm.qwen_gdn_attention_core_fused_norm_packed"]
     assert {op["op"] for op in substituted["ops"]} | set(substituted["ops_present"]) >= {
@@ -127,6 +129,20 @@ def test_every_autotune_candidate_is_in_the_bundle(gdn_build):
     assert {k.name for k in archive.read_manifest(bundle).kernels} == AUTOTUNED | PLAIN
     check_candidates_bundled(bundle, tuned)
     assert all(len(seen["tuning_keys"]) == 1 for seen in tuned.values())  # keyed on head counts and dims alone
+    # chunk_fwd_kernel_o's block sizes: check_shared_mem()'s answer on the target, and on vLLM 0.34 (whose FLA
+    # import leaves CUDA uninitialised) also the answer of a process that imports FLA before CUDA is up.
+    blocks = {(k.constexprs["BK"], k.constexprs["BV"]) for k in archive.read_manifest(bundle).kernels
+              if k.name == "chunk_fwd_kernel_o"}
+    hopper, small = ({(a, b) for a in sizes for b in sizes} for sizes in ((64, 128), (32, 64)))
+    assert blocks == (hopper if release() == "0.33" else hopper | small)
+
+
+def release() -> str:
+    import vllm
+
+    from kernelcache.plan import releases
+
+    return releases.minor(vllm.__version__)
 
 
 def test_every_key_the_probe_asks_for_is_a_hit(gdn_build, tmp_path):

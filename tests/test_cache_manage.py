@@ -236,6 +236,108 @@ def test_rm_of_flashinfer_modules_removes_their_dirs_once_no_module_is_left(tmp_
     assert not (cache / "flashinfer").exists() and leftovers(cache) == CLEAN
 
 
+def engine_bundle(out: Path, hash_dir: str, command: str, **environment) -> Path:
+    """A bundle of one vLLM compile artifact (enginecompile.py's two members: its record and vLLM's
+    ``torch_compile_cache`` tree as a tar) whose AOT directory ``hash_dir`` holds stand-in bytes: installing (forced:
+    vLLM's hash check needs vLLM) and removing never loads it. ``environment``: fingerprint fields to change."""
+    import dataclasses
+    import hashlib
+
+    from kernelcache import __version__
+    from kernelcache.bundle.make import make_bundle
+    from kernelcache.enginecompile import RECORD, ROOT, TREE, _tar
+    from kernelcache.format.fingerprint import local_environment
+    from kernelcache.format.manifest import Build, Member, Target
+
+    folder = out.parent / f"{out.name}.tree" / "torch_compile_cache"
+    model = folder / "torch_aot_compile" / hash_dir / "rank_0_0" / "model"
+    model.parent.mkdir(parents=True)
+    model.write_bytes(command.encode() * 3000)
+    record = json.dumps({"command": command, "hash_dir": hash_dir}, sort_keys=True).encode()
+    tag = hashlib.sha256(record).hexdigest()[:16]
+    members = (Member(f"{ROOT}/{tag}/{RECORD}", data=record), Member(f"{ROOT}/{tag}/{TREE}", data=_tar(folder)))
+    fingerprint = dataclasses.replace(local_environment(["sm_90"]), **environment)
+    make_bundle(out, [], Target("cuda", "sm_90"), fingerprint, Build(tool=f"kernelcache {__version__}", mode="cross"),
+                engine=members)
+    return out
+
+
+def du_all(cache: Path, names: set[str]) -> int:
+    """Bytes allocated to every file under the entries ``names``, nested ones too."""
+    return sum(p.stat().st_blocks * 512 for name in names for p in (cache / name).rglob("*") if p.is_file())
+
+
+AOT = "vllm/torch_compile_cache/torch_aot_compile"
+
+
+def test_rm_removes_the_vllm_aot_dirs_a_bundle_installed_and_only_those(tmp_path):
+    one = engine_bundle(tmp_path / "one.tar.zst", "a" * 10, "vllm serve one")
+    two = engine_bundle(tmp_path / "two.tar.zst", "a" * 10, "vllm serve two")  # another record, the same hash
+    three = engine_bundle(tmp_path / "three.tar.zst", "b" * 10, "vllm serve three")
+    cache = tmp_path / "cache"
+    for bundle in (one, two, three):
+        install(bundle, cache, force=True)
+    shared, alone = f"{AOT}/{'a' * 10}", f"{AOT}/{'b' * 10}"
+    (cache / shared / "inductor_cache").mkdir()  # what vLLM writes in the AOT directory after a load
+    (cache / shared / "inductor_cache" / "x.py").write_text("x" * 5000)
+    (cache / "vllm" / "modelinfos").mkdir()  # what vLLM writes elsewhere under VLLM_CACHE_ROOT
+    (cache / "vllm" / "modelinfos" / "m.json").write_text("{}")
+
+    found = by_name(ls_json(cache))
+    uses = {name: entries(bundle) | {shared if name != "three" else alone}
+            for name, bundle in (("one", one), ("two", two), ("three", three))}
+    assert found["one"]["entries"] == 2 and found["one"]["shared_entries"] == 1
+    assert [(s["name"], s["entries"]) for s in found["one"]["shared_with"]] == [("two", 1)]
+    assert found["one"]["size_on_disk"] == du_all(cache, uses["one"]) > du_all(cache, entries(one))
+    assert found["three"]["exclusive_size"] == du_all(cache, uses["three"])
+    assert ls_json(cache)["size_on_disk"] == du_all(cache, set().union(*uses.values()))
+
+    done = json.loads(kc("rm", "one", "--cache-dir", str(cache), "--json", check=True).stdout)
+    assert done["bundle"]["kept"] == [shared]  # two still uses it
+    assert (cache / shared / "rank_0_0" / "model").is_file()
+    done = json.loads(kc("rm", "two", "--cache-dir", str(cache), "--json", check=True).stdout)
+    assert shared in done["bundle"]["removed"] and not (cache / shared).exists()
+    assert done["bundle"]["freed"] >= 5000 + 3000 * len("vllm serve two")
+    assert (cache / alone / "rank_0_0" / "model").read_bytes() == b"vllm serve three" * 3000
+    kc("rm", "three", "--cache-dir", str(cache), check=True)
+    assert not (cache / "vllm" / "torch_compile_cache").exists()  # its emptied parents went too
+    assert (cache / "vllm" / "modelinfos" / "m.json").read_text() == "{}"  # vLLM's own files stay
+    assert "VLLM_CACHE_ROOT" not in json.loads(kc("env", "--cache-dir", str(cache), "--json", check=True).stdout)
+    assert leftovers(cache) == CLEAN
+
+
+def test_prune_removes_a_mismatching_bundles_vllm_aot_dir(tmp_path):
+    kept = engine_bundle(tmp_path / "kept.tar.zst", "a" * 10, "vllm serve kept")
+    other = engine_bundle(tmp_path / "other.tar.zst", "b" * 10, "vllm serve other", platform="another-platform")
+    cache = tmp_path / "cache"
+    install(kept, cache, force=True)
+    install(other, cache, force=True)
+    dry = json.loads(kc("prune", "--dry-run", "--cache-dir", str(cache), "--json", env=NO_GPU, check=True).stdout)
+    assert [b["name"] for b in dry["bundles"]] == ["other"] and f"{AOT}/{'b' * 10}" in dry["bundles"][0]["removed"]
+    assert (cache / AOT / ("b" * 10)).is_dir()
+    kc("prune", "--cache-dir", str(cache), env=NO_GPU, check=True)
+    assert not (cache / AOT / ("b" * 10)).exists() and (cache / AOT / ("a" * 10) / "rank_0_0" / "model").is_file()
+
+
+def test_a_read_only_bases_removed_aot_dir_leaves_the_overlay_mirror(tmp_path):
+    one = engine_bundle(tmp_path / "one.tar.zst", "a" * 10, "vllm serve one")
+    two = engine_bundle(tmp_path / "two.tar.zst", "b" * 10, "vllm serve two")
+    base, overlay = tmp_path / "base", tmp_path / "overlay"
+    install(one, base, force=True)
+    install(two, base, force=True)
+    args = ("env", "--read-only", "--cache-dir", str(base), "--overlay", str(overlay), "--json")
+    variables = json.loads(kc(*args, env=NO_GPU, check=True).stdout)
+    mirror = Path(variables["VLLM_CACHE_ROOT"]) / "torch_compile_cache" / "torch_aot_compile"
+    assert {p.name for p in mirror.iterdir()} == {"a" * 10, "b" * 10}
+    (mirror / ("b" * 10) / "inductor_cache").mkdir()  # what vLLM writes in the overlay after a load
+    (mirror / ("b" * 10) / "inductor_cache" / "x.py").write_text("x")
+    kc("rm", "two", "--cache-dir", str(base), check=True)  # while the base was writable
+    variables = json.loads(kc(*args, env=NO_GPU, check=True).stdout)
+    assert (mirror / ("a" * 10) / "rank_0_0" / "model").read_bytes() == b"vllm serve one" * 3000
+    assert not (mirror / ("b" * 10) / "rank_0_0").exists()  # no link to a file that is gone
+    assert (mirror / ("b" * 10) / "inductor_cache" / "x.py").read_text() == "x"  # the overlay's own stay
+
+
 # -- prune ---------------------------------------------------------------------------------------------
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
-from helpers.common import kc
+from helpers.common import ROOT, kc
 
 from kernelcache.errors import RecipeError, UsageError
 from kernelcache.plan import recipe as plan_file
@@ -448,3 +449,64 @@ def test_mrv2_spec_decode_runs_with_drafts(tmp_path):
         plan_file.load().override(paths=["mrv2", "mrv2_spec_decode"])
     shipped = plan_file.load("llama-3.1-8b-eagle3")
     assert spec(shipped) and "mrv1_spec_decode" in shipped.paths
+
+
+# -- the two attention families' tasks: one builder, the same bytes ------------------------------------------
+
+GEMMA2 = {"architectures": ["Gemma2ForCausalLM"], "vocab_size": 256000, "hidden_size": 3584, "num_attention_heads": 16,
+          "num_key_value_heads": 8, "head_dim": 256, "max_position_embeddings": 8192, "torch_dtype": "bfloat16",
+          "sliding_window": 4096, "layer_types": ["sliding_attention", "full_attention"],
+          "attn_logit_softcapping": 50.0}
+# (model config, overrides): both families, with and without sliding windows and a soft-cap, over TP, block size,
+# limits, cubins and the backend named or auto.
+ATTENTION_CONFIGS = (
+    (LLAMA, {"attention_backend": "TRITON_ATTN", "block_size": 32, "tensor_parallel_size": 2, "max_model_len": 4096}),
+    ({**LLAMA, "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"]},
+     {"attention_backend": "TRITON_ATTN", "max_num_seqs": 64, "max_num_batched_tokens": 2048}),
+    (LLAMA, {"attention_backend": "FLASHINFER", "flashinfer_cubins": False, "tensor_parallel_size": 4}),
+    (LLAMA, {"attention_backend": "auto", "paths": ["flashinfer_attention"], "block_size": 64}),
+    (GEMMA2, {"attention_backend": "FLASHINFER", "max_model_len": 8192, "max_num_seqs": 128}),
+)
+ATTENTION_TASKS = Path(__file__).parent / "data" / "attention_tasks.json"
+
+
+def attention_tasks(tmp_path) -> list[dict]:
+    """The tasks both attention families plan for ``ATTENTION_CONFIGS``, in plan order, as their JSON gives them."""
+    from dataclasses import asdict, replace
+
+    from kernelcache.plan.tasks import plan_units
+
+    found = []
+    for index, (config, overrides) in enumerate(ATTENTION_CONFIGS):
+        given = {k: v for k, v in overrides.items() if k != "flashinfer_cubins"}  # a recipe's, no build flag
+        plan = plan_file.load().override(model_config=str(write_config(tmp_path, config, f"m{index}")), **given)
+        plan = replace(plan, flashinfer_cubins=overrides.get("flashinfer_cubins", plan.flashinfer_cubins))
+        found += [asdict(t) for _, tasks in plan_units(plan) for t in tasks
+                  if t.label in ("attention", "flashinfer_attention")]
+    return found
+
+
+def test_both_attention_families_plan_the_tasks_they_planned_before(tmp_path):
+    """tests/data/attention_tasks.json is what the two families planned for ``ATTENTION_CONFIGS`` before they shared
+    one builder (``attention_tasks`` run once on commit d75ece5, written with ``json.dumps(tasks, indent=1)``): a
+    task's JSON, its key order included, is what build-cache and task keys are taken from."""
+    assert json.dumps(attention_tasks(tmp_path), indent=1) + "\n" == ATTENTION_TASKS.read_text()
+
+
+def keyword_parameters(module: str, function: str) -> list[str]:
+    """A function's keyword-only parameters in order, read from its source (importing the exercise imports torch)."""
+    import ast
+
+    tree = ast.parse((ROOT / f"{module.replace('.', '/')}.py").read_text())
+    [found] = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function]
+    return [a.arg for a in found.args.kwonlyargs]
+
+
+def test_attention_tasks_list_their_arguments_in_the_exercise_functions_order(tmp_path):
+    tasks = attention_tasks(tmp_path)
+    assert {t["label"] for t in tasks} == {"attention", "flashinfer_attention"}
+    for task in tasks:
+        module, _, function = task["call"].partition(":")
+        order = keyword_parameters(module, function)
+        assert set(task["kwargs"]) <= set(order)
+        assert list(task["kwargs"]) == [name for name in order if name in task["kwargs"]]

@@ -254,3 +254,31 @@ def test_bundles_without_a_serve_command_are_not_compared(small_bundle, tmp_path
     kc("install", str(small_bundle), "--cache-dir", str(cache), check=True)
     done = kc("run", "--strict", "--cache-dir", str(cache), "--", "sh", "-c", "echo ok", "vllm", "serve", "m")
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def with_plan(bundle, out, plan: dict):
+    """The same bundle under a manifest whose build plan is ``plan``."""
+    import dataclasses
+
+    from kernelcache.format import archive
+
+    manifest = archive.read_manifest(bundle)
+    manifest = dataclasses.replace(manifest, build=dataclasses.replace(manifest.build, plan=plan))
+    data = {name: blob for _, name, blob in archive.iter_members(bundle)}
+    return archive.write(out, manifest, [(name, lambda blob=blob: blob) for name, blob in data.items()])
+
+
+def test_ls_inspect_and_run_read_a_bundles_serve_record_alike(small_bundle, tmp_path):
+    from kernelcache.manage import ls
+    from kernelcache.runtime.match import built_for
+
+    served = record("vllm serve m --max-num-seqs 1024") | {"config_hash": "abc123"}
+    good = with_plan(small_bundle, tmp_path / "good.tar.zst", {"name": "good", "serve": served})
+    odd = with_plan(small_bundle, tmp_path / "odd.tar.zst", {"name": "odd", "serve": "vllm serve m"})
+    for bundle, cache, expected in ((good, tmp_path / "c1", served), (odd, tmp_path / "c2", None)):
+        kc("install", str(bundle), "--cache-dir", str(cache), "--no-gpu-check", check=True)
+        [listed] = ls(cache).bundles
+        shown = kc("inspect", str(bundle), check=True).stdout
+        assert built_for(cache) == ([expected] if expected else [])  # run's comparison reads this
+        assert (listed.serve, listed.config_hash) == ((expected["command"], "abc123") if expected else ("", ""))
+        assert ("built for: vllm serve m --max-num-seqs 1024 (vLLM config hash abc123)" in shown) == bool(expected)

@@ -238,8 +238,8 @@ class FlashInferState:
 def flashinfer_attention(*, num_heads: int, num_kv_heads: int, head_size: int, dtype: str,
                          kv_cache_dtype: str = "auto", block_size: int = 16, max_num_seqs: int = 256,
                          max_model_len: int = 8192, max_num_batched_tokens: int = 8192, sliding_window: int = 0,
-                         logits_soft_cap: float = 0.0, tensor_parallel_size: int = 1, cubins: bool = True,
-                         attention_backend: str = "FLASHINFER", cuda: str = "13.0",
+                         logits_soft_cap: float = 0.0, tensor_parallel_size: int = 1,
+                         attention_backend: str = "FLASHINFER", cubins: bool = True, cuda: str = "13.0",
                          build: bool | None = None, kinds: list[str] | None = None) -> dict:
     """Capture, decode, prefill and mixed batches through one FLASHINFER layer (module docstring); the FlashInfer
     JIT modules they asked for and, with ``build`` (default: ``BUILD_VARIABLE`` is "1"), those modules built for the

@@ -8,11 +8,13 @@ and mixed batches, each with ``GDNAttentionMetadataBuilder.build``. ``forward_cu
 the conv kernels, the chunked gated delta rule (``ChunkGatedDeltaRule``'s FLA kernels, or FlashInfer's prefill:
 ``_resolve_gdn_prefill_backend``) and the recurrent decode kernels.
 
-Autotuned FLA kernels compile every candidate, as exercise/vllm_mamba.py's ``AutotuneCandidates`` does. In cross
+Autotuned FLA kernels compile every candidate, with exercise/layers.py's ``AutotuneCandidates``. In cross
 mode torch's CUDA queries answer as on the target while FLA's modules import (``cuda_answers``: FLA's
-``is_nvidia_hopper`` and ``check_shared_mem`` pick warp counts and block sizes), the layer's custom ops resolve
-to their Python bodies, and ``_C::fused_gdn_decode_post_conv_mtp`` is faked where absent (its presence decides
-Qwen3.5's drafts path). Background and what is not driven: docs/FAMILIES.md, "gdn".
+``is_nvidia_hopper`` and ``check_shared_mem`` pick warp counts and block sizes; where FLA's import leaves CUDA
+uninitialised, as on vLLM 0.34, ``chunk_fwd_kernel_o`` also compiles the candidates of a process that imports it
+before CUDA is up: ``uninitialised_configs``), the layer's custom ops resolve to their Python bodies, and
+``_C::fused_gdn_decode_post_conv_mtp`` is faked where absent (its presence decides Qwen3.5's drafts path).
+Background and what is not driven: docs/FAMILIES.md, "gdn".
 """
 
 from __future__ import annotations
@@ -22,9 +24,19 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import vllm_mamba
+from . import layers
 from .drivers import cross, device_scope, require_triton
-from .vllm_mamba import AutotuneCandidates, drive, python_bodies, real_host, summary, tensor_parallel, warmup_failures
+from .layers import (
+    AutotuneCandidates,
+    autotuners,
+    config_label,
+    drive,
+    python_bodies,
+    real_host,
+    summary,
+    tensor_parallel,
+    warmup_failures,
+)
 from .vllm_serve import answering_flash_attn_version, fa_version
 
 LAYER_NAME = "model.layers.0.linear_attn"
@@ -40,7 +52,7 @@ CHUNK = 64  # FLA_CHUNK_SIZE (ops/utils.py): every chunk kernel's BT
 CONTEXT = 37  # tokens already in a request's state before a decode or a continued prefill
 GDN_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
 # Modules that read the TP world size and rank: the linear layers and the GDN base class (GatedDeltaNetAttention).
-TP_USERS = (*vllm_mamba.TP_USERS, "vllm.model_executor.layers.mamba.gdn.base")
+TP_USERS = (*layers.TP_USERS, "vllm.model_executor.layers.mamba.gdn.base")
 CORE_OPS = ("qwen_gdn_attention_core", "qwen_gdn_attention_core_fused_norm_packed")
 
 
@@ -92,7 +104,7 @@ def gdn(*, hidden_size: int, linear_num_key_heads: int, linear_num_value_heads: 
     check_arguments(dims, entries)
     substitutions = prepare()
     require_triton()
-    tuner = FlaAutotuneCandidates() if cross() else None
+    tuner = FlaAutotuneCandidates(uninitialised_configs(substitutions["device_queries"])) if cross() else None
     with tensor_parallel(dims.tp, TP_USERS), device_scope(), real_host(), device_zero(), \
             (tuner or contextlib.nullcontext()):
         layer = make_layer(dims, max_num_seqs, max_num_batched_tokens)
@@ -127,13 +139,16 @@ def check_arguments(dims: Dims, entries: list[str]) -> None:
 
 def prepare() -> dict:
     """Import shims and C ops (exercise/fake_ops.py), in cross mode the platform's answers and the CUDA MTP op;
-    then vLLM's FLA and GDN modules, imported with torch's CUDA queries answering as the target (cross mode)."""
+    then vLLM's FLA and GDN modules, imported with torch's CUDA queries answering as the target (cross mode), or
+    natively with CUDA initialised first (``initialise_cuda``)."""
+    if not cross():
+        initialise_cuda()
     import vllm._custom_ops  # noqa: F401 -- loads vLLM's compiled ops where they are installed
 
     from . import fake_ops
 
     done = fake_ops.install()
-    done["ops"] += vllm_mamba.install_ops(fake_ops)
+    done["ops"] += layers.install_ops(fake_ops)
     if cross():
         done["ops"] += install_mtp_op(fake_ops)
     done["platform"] = platform_like_cuda() if cross() else []
@@ -171,7 +186,7 @@ def platform_like_cuda() -> list[dict]:
     """The build's platform answers as vLLM's ``CudaPlatformBase`` does for what the GDN path asks."""
     from vllm.platforms import current_platform
 
-    done = vllm_mamba.pdl_like_cuda()
+    done = layers.pdl_like_cuda()
     platform = type(current_platform)
     if platform.__name__ != "CudaPlatform" and "get_cuda_runtime_major" not in vars(platform):
         platform.get_cuda_runtime_major = classmethod(lambda cls: cuda_runtime_major())
@@ -190,8 +205,19 @@ def cuda_runtime_major() -> int:
     return int(major) if major.isdigit() else 0
 
 
+def initialise_cuda() -> None:
+    """Natively: CUDA is initialised before FLA's modules import, as in vLLM's GPU worker (``Worker.init_device``
+    sets the device before ``load_model`` imports the model's modules). FLA's import-time ``check_shared_mem()``
+    asks Triton's driver (``get_device_properties``) for the device's shared memory, which fails before
+    ``cuInit``, and FLA takes the failure for a small device: ``chunk_fwd_kernel_o``'s block sizes follow."""
+    import torch
+
+    torch.cuda.init()
+
+
 def import_fla() -> dict:
-    """Import FLA's ops and the GDN layer (their device checks run at import); returns what those checks saw."""
+    """Import FLA's ops and the GDN layer (their device checks run at import); returns what those checks saw and,
+    in cross mode, whether FLA's import initialises CUDA itself (``import_initialises_cuda``)."""
     import importlib
 
     with cuda_answers():
@@ -200,13 +226,65 @@ def import_fla() -> dict:
             importlib.import_module(f"{FLA}.{name}")
         importlib.import_module(GDN_MODULE)
     return {"is_nvidia_hopper": bool(utils.is_nvidia_hopper), "check_shared_mem": bool(utils.check_shared_mem()),
-            "is_tma_supported": bool(utils.is_tma_supported), "answered": cross()}
+            "is_tma_supported": bool(utils.is_tma_supported), "answered": cross(),
+            "initialises_cuda": import_initialises_cuda() if cross() else None}
+
+
+# torch's CUDA queries that initialise CUDA on a GPU (torch.cuda.device_count asks NVML first, and does not)
+INITIALISING = ("get_device_name", "get_device_capability")
+
+
+def import_initialises_cuda() -> bool:
+    """Cross mode: whether FLA's ops/utils.py initialises CUDA as it imports, by asking torch's device queries
+    (vLLM 0.33's ``is_nvidia_hopper``), or asks vLLM's NVML platform alone (0.34), so that a process importing
+    FLA before CUDA is initialised gets ``check_shared_mem() == False``. A fresh copy of the module runs, so the
+    answer does not depend on what imported FLA first."""
+    import importlib
+    import importlib.util
+
+    utils = importlib.import_module(f"{FLA}.utils")
+    spec = importlib.util.spec_from_file_location(utils.__name__, utils.__file__)
+    asked: list[str] = []
+    with cuda_answers(asked):
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    return any(query in INITIALISING for query in asked)
+
+
+def uninitialised_configs(device_queries: dict) -> dict[str, list]:
+    """Cross mode, where FLA's import leaves CUDA uninitialised: per autotuned FLA kernel whose candidates follow
+    ``check_shared_mem()`` (``chunk_fwd_kernel_o``'s ``BKV_LIST``, cumsum's ``BS_LIST``), its configs as its
+    module makes them when that answers False. A server process that imports the model's modules before CUDA is
+    up (or is forked from one that did) autotunes over these; one that imports them after, over the target's.
+    Each module runs again from its file with ``check_shared_mem`` answering False; the copies are not kept."""
+    if device_queries.get("initialises_cuda", True):
+        return {}
+    import importlib
+    import importlib.util
+
+    utils = importlib.import_module(f"{FLA}.utils")
+    found: dict[str, list] = {}
+    saved = utils.check_shared_mem
+    utils.check_shared_mem = lambda *args, **kwargs: False
+    try:
+        with cuda_answers():
+            for name in FLA_MODULES:
+                module = importlib.import_module(f"{FLA}.{name}")
+                if "check_shared_mem" not in vars(module):
+                    continue
+                spec = importlib.util.spec_from_file_location(module.__name__, module.__file__)
+                copy = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(copy)
+                found.update({kernel.base_fn.__name__: list(kernel.configs) for kernel in autotuners(copy)})
+    finally:
+        utils.check_shared_mem = saved
+    return found
 
 
 @contextlib.contextmanager
-def cuda_answers():
+def cuda_answers(asked: list[str] | None = None):
     """Cross mode: torch's CUDA queries answer as the target does (device 0's name and capability, one device),
-    while FLA's modules run their import-time device checks; nothing else sees them."""
+    while FLA's modules run their import-time device checks; nothing else sees them. ``asked`` collects the
+    queries' names as they are asked."""
     if not cross():
         yield
         return
@@ -215,17 +293,27 @@ def cuda_answers():
 
     name = current_platform.get_device_name()
     capability = current_platform.get_device_capability()
-    answers = {"get_device_name": lambda device=None: name,
-               "get_device_capability": lambda device=None: (capability.major, capability.minor),
-               "device_count": lambda: 1}
-    saved = {attr: getattr(torch.cuda, attr) for attr in answers}
-    for attr, answer in answers.items():
-        setattr(torch.cuda, attr, answer)
+    values = {"get_device_name": name, "get_device_capability": (capability.major, capability.minor),
+              "device_count": 1}
+    saved = {attr: getattr(torch.cuda, attr) for attr in values}
+    for attr, value in values.items():
+        setattr(torch.cuda, attr, answer(attr, value, asked))
     try:
         yield
     finally:
         for attr, value in saved.items():
             setattr(torch.cuda, attr, value)
+
+
+def answer(query: str, value: Any, asked: list[str] | None) -> Any:
+    """A stand-in for ``torch.cuda.<query>`` returning ``value`` and noting the query in ``asked``."""
+
+    def answered(*args: Any, **kwargs: Any) -> Any:
+        if asked is not None:
+            asked.append(query)
+        return value
+
+    return answered
 
 
 @contextlib.contextmanager
@@ -616,31 +704,37 @@ def flashinfer_prefill_shapes(layer: GdnLayer):
 # -- autotuned kernels --------------------------------------------------------------------------------------------
 
 
-def autotuners(module: Any) -> list[Any]:
-    """The ``Autotuner`` objects of a module's kernels, under any ``@triton.heuristics`` wrapping them."""
-    from triton.runtime.autotuner import Autotuner
-
-    found = []
-    for value in vars(module).values():
-        for _ in range(3):
-            if isinstance(value, Autotuner):
-                found.append(value)
-                break
-            value = getattr(value, "fn", None)
-    return found
-
-
 class FlaAutotuneCandidates(AutotuneCandidates):
-    """Cross mode: every launch of an autotuned FLA kernel compiles all its candidates (exercise/vllm_mamba.py)."""
+    """Cross mode: every launch of an autotuned FLA kernel compiles all its candidates (exercise/layers.py), and
+    those of ``extra`` (``uninitialised_configs``) beside them."""
+
+    def __init__(self, extra: dict[str, list] | None = None) -> None:
+        super().__init__(tuple(f"{FLA}.{name}" for name in FLA_MODULES))
+        self.extra = extra or {}
+        self.added: dict[str, int] = {}
 
     def __enter__(self) -> FlaAutotuneCandidates:
-        import importlib
-
-        for name in FLA_MODULES:
-            for kernel in autotuners(importlib.import_module(f"{FLA}.{name}")):
-                if kernel.base_fn.__name__ not in self.kernels:
-                    self._patch(kernel)
+        super().__enter__()
+        for name, kernel in self.kernels.items():
+            self._add(kernel, self.extra.get(name, ()))
         return self
+
+    def _add(self, kernel: Any, configs: Any) -> None:
+        """Append the configs of ``configs`` the kernel's own list lacks (restored on exit)."""
+        known = {config_label(c) for c in kernel.configs}
+        more = [c for c in configs if config_label(c) not in known]
+        if more:
+            self.saved.append((kernel, "configs", kernel.configs))
+            kernel.configs = [*kernel.configs, *more]
+            self.added[kernel.base_fn.__name__] = len(more)
+
+    def summary(self) -> dict:
+        """``AutotuneCandidates.summary``, each kernel's configs counting those added, and how many were."""
+        found = super().summary()
+        for name, count in self.added.items():
+            found[name] = {**found[name], "configs": found[name]["configs"] + count,
+                           "added_for_uninitialised_cuda": count}
+        return found
 
 
 # -- summary ------------------------------------------------------------------------------------------------------

@@ -141,5 +141,15 @@ class ServeConfig:
         return {k: v for k, v in self.to_dict().items() if k not in ("command", "vllm", "config_hash", "hf_config")}
 
     def record(self) -> dict:
-        """What a bundle's plan keeps (the config text is the model's own, not the build's)."""
+        """What a bundle's plan keeps (the config text is the model's own, not the build's); ``served_record`` reads
+        it back."""
         return {k: v for k, v in self.to_dict().items() if k != "hf_config"}
+
+
+def served_record(plan: object) -> dict | None:
+    """The serve record a bundle's plan keeps (``plan["serve"]``, ``ServeConfig.record()``), from the plan's JSON (a
+    manifest's ``build.plan``, as parsed or as read raw from a receipt); None where the plan has none (a bundle built
+    from a recipe's plan alone) or holds something else there. The only reader of that record: ``run``'s comparison
+    (runtime/match.py) and ``ls`` / ``inspect`` (manage.py ``built_for``) both read it here."""
+    served = plan.get("serve") if isinstance(plan, dict) else None
+    return served if isinstance(served, dict) else None

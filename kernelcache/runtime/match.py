@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from ..cachedir.layout import INSTALLED, state_path
 from ..errors import ServeMismatch
 from ..plan import families
-from ..plan.serve import ServeCommand
+from ..plan.serve import ServeCommand, served_record
 
 # vLLM serve flag -> the ServeConfig field it sets. --speculative-config is compared by its method and drafts.
 KEY_FLAGS = {
@@ -60,11 +60,11 @@ def built_for(root: str | os.PathLike) -> list[dict]:
             continue
         try:
             with open(os.path.join(folder, name), "rb") as file:
-                plan = json.load(file)["manifest"]["build"].get("plan") or {}
+                record = served_record(json.load(file)["manifest"]["build"].get("plan"))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-        if isinstance(plan, dict) and isinstance(plan.get("serve"), dict):
-            found.append(plan["serve"])
+        if record is not None:
+            found.append(record)
     return found
 
 

@@ -34,7 +34,13 @@ export PYTHONPATH=$PWD/scripts/gpu/site:$PWD:$TF$T/vx/site:$T/vx/vllm:$IMAGE_SIT
   for p in python3 "$PY"; do $p -c "import torch, triton, transformers, sys; print(sys.executable, sys.version.split()[0], torch.__version__, triton.__version__, 'transformers', transformers.__version__)"; done
   "$PY" -c "import sysconfig; print('include', sysconfig.get_paths()['include'])"
   gcc --version | head -1; } > "$OUT/env.txt" 2>&1
-BUNDLE=$(ls $C/*.tar.zst | head -1)
+# The bundle of the product the device gave (the lease may give an H200 for an H100): build it with --gpu h200 too
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
+  *H200*) PRODUCT=h200 ;;
+  *) PRODUCT=h100-sxm ;;
+esac
+BUNDLE=$(ls $C/*-"$PRODUCT".tar.zst | head -1)
+echo "product $PRODUCT bundle $BUNDLE" >> "$OUT/env.txt"
 M=$(cat $C/model-path)
 mkdir -p "$M" && cp scripts/gpu/models/llama-3.1-8b/config.json "$M/"
 SERVE="vllm serve $M --attention-backend TRITON_ATTN --max-model-len 2048 --max-num-batched-tokens 2048 --max-num-seqs 64"

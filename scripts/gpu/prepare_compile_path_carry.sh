@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepare .carry/c39b for scripts/gpu/h100_compile_path.sh (issue 39): the lab-stack bundle of Llama-3.1-8B's real
-# dimensions built by kernelcache on this CPU box (build --path compile, the fake sm_90 target, H100 SXM), the model
-# path it was built for (vLLM hashes the model string: the device places config.json there), and CPython 3.12.1
+# dimensions built by kernelcache on this CPU box (build --path compile, the fake sm_90 target, H100 SXM and H200:
+# the lease gives either), the model path it was built for (vLLM hashes the model string: the device places config.json there), and CPython 3.12.1
 # (the interpreter the bundle was built with: torch's SystemInfo pins Python's exact version), trimmed (no test
 # suite, IDLE, tkinter, ensurepip, static config, caches) but with its C headers (include/python3.12: Triton's driver
 # builds cuda_utils.c against sysconfig.get_paths()["include"], which follows the extracted interpreter's prefix;
@@ -17,7 +17,7 @@ mkdir -p "$M" && cp scripts/gpu/models/llama-3.1-8b/config.json "$M/"
 echo "$M" > "$out/model-path"
 if ! ls "$out"/*.tar.zst >/dev/null 2>&1; then
   serve_env=(); for pair in ${SERVE_ENV:-CUDA_HOME=/usr/local/cuda}; do serve_env+=(--serve-env "$pair"); done
-  /usr/bin/time -v "$PY" -m kernelcache build --arch sm_90 --gpu h100-sxm --mode cross --path compile -o "$out" \
+  /usr/bin/time -v "$PY" -m kernelcache build --arch sm_90 --gpu h100-sxm --gpu h200 --mode cross --path compile -o "$out" \
     "${serve_env[@]}" \
     -- vllm serve "$M" --attention-backend TRITON_ATTN --max-model-len 2048 --max-num-batched-tokens 2048 \
     --max-num-seqs 64 2> "$out/build-time.txt"

@@ -51,6 +51,31 @@ def check_heads(plan, path: str, where: str) -> None:
                           f"{model.name}'s {model.num_attention_heads} attention heads")
 
 
+def window_tasks(plan, flashinfer: bool = False) -> tuple[dict, ...]:
+    """Each attention task's arguments, one per sliding window of the model's layers (0: full attention): the
+    model's heads and the plan's serving limits; with ``flashinfer`` also what the FlashInfer backend reads (the
+    logits soft-cap, the backend named, whether cubins are reachable). Both attention families plan with this. The
+    order is the exercise functions' parameter order (exercise/vllm_attention.py ``attention``,
+    exercise/vllm_flashinfer.py ``flashinfer_attention``) and part of the task's JSON: keep it."""
+    model = plan.model
+    if model is None:
+        return ()
+    out = []
+    for window in model.attention_windows:
+        kwargs = {"num_heads": model.num_attention_heads, "num_kv_heads": model.num_key_value_heads,
+                  "head_size": model.head_dim, "dtype": model.dtype, "kv_cache_dtype": plan.kv_cache_dtype,
+                  "block_size": plan.block_size, "max_num_seqs": plan.max_num_seqs,
+                  "max_model_len": plan.max_model_len, "max_num_batched_tokens": plan.max_num_batched_tokens,
+                  "sliding_window": window}
+        if flashinfer:
+            kwargs["logits_soft_cap"] = model.logits_soft_cap
+        kwargs["tensor_parallel_size"] = plan.tensor_parallel_size
+        if flashinfer:
+            kwargs |= {"attention_backend": plan.attention_backend, "cubins": plan.flashinfer_cubins}
+        out.append(kwargs)
+    return tuple(out)
+
+
 def served(plan) -> bool:
     """Whether the plan serves with the Triton attention backend (a model recipe then builds the path)."""
     return plan.attention_backend == TRITON_ATTN
@@ -71,16 +96,7 @@ class Attention(Family):
     model = ModelRole(rank=4)
 
     def tasks(self, plan, vocab: int) -> tuple[Task, ...]:
-        model = plan.model
-        if model is None:
-            return ()
-        return tuple(self.task({
-            "num_heads": model.num_attention_heads, "num_kv_heads": model.num_key_value_heads,
-            "head_size": model.head_dim, "dtype": model.dtype, "kv_cache_dtype": plan.kv_cache_dtype,
-            "block_size": plan.block_size, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
-            "max_num_batched_tokens": plan.max_num_batched_tokens, "sliding_window": window,
-            "tensor_parallel_size": plan.tensor_parallel_size})
-            for window in model.attention_windows)
+        return tuple(self.task(kwargs) for kwargs in window_tasks(plan))
 
     def check(self, plan, where: str) -> None:
         if plan.attention_backend != TRITON_ATTN:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ...errors import RecipeError
 from ..family import MODEL, About, Family, ModelRole, Task
 from ..releases import stable
-from .attention import check_heads
+from .attention import check_heads, window_tasks
 
 # vLLM's FLASHINFER backend and its FlashInfer wrappers (exercise/vllm_flashinfer.py; the layer and KV cache
 # are the attention family's).
@@ -42,17 +42,7 @@ class FlashInferAttention(Family):
     model = ModelRole(rank=7)
 
     def tasks(self, plan, vocab: int) -> tuple[Task, ...]:
-        model = plan.model
-        if model is None:
-            return ()
-        return tuple(self.task({
-            "num_heads": model.num_attention_heads, "num_kv_heads": model.num_key_value_heads,
-            "head_size": model.head_dim, "dtype": model.dtype, "kv_cache_dtype": plan.kv_cache_dtype,
-            "block_size": plan.block_size, "max_num_seqs": plan.max_num_seqs, "max_model_len": plan.max_model_len,
-            "max_num_batched_tokens": plan.max_num_batched_tokens, "sliding_window": window,
-            "logits_soft_cap": model.logits_soft_cap, "tensor_parallel_size": plan.tensor_parallel_size,
-            "attention_backend": plan.attention_backend, "cubins": plan.flashinfer_cubins})
-            for window in model.attention_windows)
+        return tuple(self.task(kwargs) for kwargs in window_tasks(plan, flashinfer=True))
 
     def check(self, plan, where: str) -> None:
         if plan.attention_backend not in (FLASHINFER, "auto"):
