@@ -23,7 +23,6 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 _BEGIN, _END = b"-----BEGIN PUBLIC KEY-----", b"-----END PUBLIC KEY-----"
 
 
-
 class Policy:
     """``require``: refuse a bundle without a valid signature by one of ``keys``, the trusted key files (a tuple of
     paths). A plain class: a namedtuple, typing's NamedTuple or a dataclass would cost every pod start (the fast
