@@ -87,17 +87,32 @@ def reference(tmp_path_factory):
     return result
 
 
+@pytest.fixture(scope="module")
+def cold_build(tmp_path_factory):
+    """The test kernels built once with a build cache of its own (``root / "cache"``): (root, result). A test that
+    needs the cache a cold build fills takes a copy of it (``filled``) instead of building again."""
+    root = tmp_path_factory.mktemp("cold-build")
+    return root, build(root, "cold", str(root / "cache"))
+
+
+def filled(cold_build, tmp_path: Path) -> Path:
+    """A copy of the cache ``cold_build`` filled, at ``tmp_path / "cache"``."""
+    return Path(shutil.copytree(cold_build[0] / "cache", tmp_path / "cache"))
+
+
 # -- reuse and byte identity -------------------------------------------------------------------------
 
 
-def test_a_warm_build_compiles_nothing_and_writes_the_bundle_a_build_without_the_cache_writes(reference, tmp_path):
-    cache = tmp_path / "cache"
-    cold = only(build(tmp_path, "cold", str(cache)))
+def test_a_warm_build_compiles_nothing_and_writes_the_bundle_a_build_without_the_cache_writes(reference, cold_build,
+                                                                                              tmp_path):
+    root, cold_result = cold_build
+    cache = filled(cold_build, tmp_path)
+    cold = only(cold_result)
     kernels = len(reference.bundles[0].manifest.kernels)
     modules = len(reference.bundles[0].manifest.modules)
     assert cold.compiles == only(reference).compiles and cold.build_cache.reused == 0
     assert cold.build_cache.published == kernels + modules == len(stored(cache))
-    assert cold.build_cache.units.kept == 1 and ran(tmp_path, "cold") == ["extra"]
+    assert cold.build_cache.units.kept == 1 and ran(root, "cold") == ["extra"]
     warm_result = build(tmp_path, "warm", str(cache))
     warm = only(warm_result)
     assert warm.compiles == 0 and warm.build_cache.published == 0
@@ -107,12 +122,11 @@ def test_a_warm_build_compiles_nothing_and_writes_the_bundle_a_build_without_the
     assert (cold.build_cache.bundles, warm.build_cache.bundles) == (0, 1)  # the cold build's frame, not compressed
     assert warm.coverage == cold.coverage == only(reference).coverage
     assert bundle_bytes(warm_result) == bundle_bytes(reference)
-    assert [p.read_bytes() for p in build_outputs(tmp_path, "cold")] == bundle_bytes(reference)
+    assert [p.read_bytes() for p in build_outputs(root, "cold")] == bundle_bytes(reference)
 
 
-def test_a_corrupt_compressed_bundle_is_compressed_again_and_replaced(reference, tmp_path):
-    cache = tmp_path / "cache"
-    only(build(tmp_path, "cold", str(cache)))
+def test_a_corrupt_compressed_bundle_is_compressed_again_and_replaced(reference, cold_build, tmp_path):
+    cache = filled(cold_build, tmp_path)
     [frame] = [p for paths in stored(cache, kinds=("bundle",)).values() for p in paths]
     good = frame.read_bytes()
     frame.write_bytes(good[:-40] + bytes(40))  # its zstd checksum and sha256 no longer hold
@@ -161,9 +175,8 @@ def test_two_builds_at_once_on_one_cache_both_write_the_reference_bundle(referen
     assert after.compiles == 0
 
 
-def test_a_corrupt_entry_is_compiled_again_never_bundled_and_replaced(reference, tmp_path):
-    cache = tmp_path / "cache"
-    only(build(tmp_path, "cold", str(cache)))
+def test_a_corrupt_entry_is_compiled_again_never_bundled_and_replaced(reference, cold_build, tmp_path):
+    cache = filled(cold_build, tmp_path)
     kernels = {k: p for k, [p] in stored(cache).items() if blobs.unpack(p.read_bytes(), k)[0].kind == "kernel"}
     flipped, truncated, swapped = sorted(kernels)[:3]
     kernels[flipped].write_bytes(rewritten(kernels[flipped].read_bytes(), flipped))  # a valid tar, a wrong cubin
@@ -291,9 +304,8 @@ def test_build_cache_flags_that_exclude_each_other(tmp_path):
     assert done.returncode == 2 and "local directory" in done.stderr
 
 
-def test_ls_shows_the_cache_size_and_prune_removes_the_least_recently_used_first(tmp_path):
-    cache = tmp_path / "cache"
-    only(build(tmp_path, "cold", str(cache)))
+def test_ls_shows_the_cache_size_and_prune_removes_the_least_recently_used_first(cold_build, tmp_path):
+    cache = filled(cold_build, tmp_path)
     blobs_now = DirStore(cache).blobs()
     total = sum(b.size for b in blobs_now)
     listing = json.loads(kc("ls", "--build-cache", str(cache), "--json", check=True).stdout)

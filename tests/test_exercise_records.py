@@ -107,10 +107,23 @@ def reference(tmp_path_factory):
     return build(tmp_path_factory.mktemp("reference"), "plain", False)
 
 
-def test_a_warm_build_runs_no_exercise_process(reference, tmp_path):
-    cache = tmp_path / "cache"
-    cold = build(tmp_path, "cold", str(cache)).targets[0]
-    assert ran(tmp_path, "cold") == ["sm_90-132sm/extra"] and cold.build_cache.units.kept == 1
+@pytest.fixture(scope="module")
+def cold_build(tmp_path_factory):
+    """The test kernels built once with a build cache of its own (``root / "cache"``): (root, result). A test that
+    needs the cache a cold build fills takes a copy of it (``filled``) instead of building again."""
+    root = tmp_path_factory.mktemp("cold-build")
+    return root, build(root, "cold", str(root / "cache"))
+
+
+def filled(cold_build, tmp_path: Path) -> Path:
+    """A copy of the cache ``cold_build`` filled, at ``tmp_path / "cache"``."""
+    return Path(shutil.copytree(cold_build[0] / "cache", tmp_path / "cache"))
+
+
+def test_a_warm_build_runs_no_exercise_process(reference, cold_build, tmp_path):
+    cache = filled(cold_build, tmp_path)
+    cold = cold_build[1].targets[0]
+    assert ran(cold_build[0], "cold") == ["sm_90-132sm/extra"] and cold.build_cache.units.kept == 1
     warm_result = build(tmp_path, "warm", str(cache))
     warm = warm_result.targets[0]
     assert ran(tmp_path, "warm") == []
@@ -119,9 +132,8 @@ def test_a_warm_build_runs_no_exercise_process(reference, tmp_path):
     assert bundle_bytes(warm_result) == bundle_bytes(reference)
 
 
-def test_a_record_whose_kernel_is_gone_runs_its_unit_again(reference, tmp_path):
-    cache = tmp_path / "cache"
-    build(tmp_path, "cold", str(cache))
+def test_a_record_whose_kernel_is_gone_runs_its_unit_again(reference, cold_build, tmp_path):
+    cache = filled(cold_build, tmp_path)
     gone = sorted(blobs_of(cache, "kernel").items())[0][1]
     gone.unlink()
     result = build(tmp_path, "again", str(cache))
@@ -131,9 +143,8 @@ def test_a_record_whose_kernel_is_gone_runs_its_unit_again(reference, tmp_path):
     assert bundle_bytes(result) == bundle_bytes(reference)
 
 
-def test_a_corrupt_record_runs_its_unit_again_and_is_replaced(reference, tmp_path):
-    cache = tmp_path / "cache"
-    build(tmp_path, "cold", str(cache))
+def test_a_corrupt_record_runs_its_unit_again_and_is_replaced(reference, cold_build, tmp_path):
+    cache = filled(cold_build, tmp_path)
     [(key, record)] = blobs_of(cache, "exercise").items()
     record.write_bytes(record.read_bytes()[:100])
     result = build(tmp_path, "again", str(cache))
