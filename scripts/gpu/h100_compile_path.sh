@@ -52,8 +52,8 @@ state() {  # state name, seconds, env... -- engine_compile_states.py run argumen
     $( [ "$name" = cold ] && echo --save-output $T/cold.pt || echo --reference $T/cold.pt ) > "$OUT/$name.log" 2>&1
   echo "$name rc=$?"
 }
-state cold 280 HOME=$T/home-cold VLLM_CACHE_ROOT=$T/cold
-state warm 150 HOME=$T/home-cold VLLM_CACHE_ROOT=$T/cold
+state cold ${COLD_S:-280} HOME=$T/home-cold VLLM_CACHE_ROOT=$T/cold
+state warm ${WARM_S:-150} HOME=$T/home-cold VLLM_CACHE_ROOT=$T/cold
 { HOME=$T/home-install "$PY" -m kernelcache install "$BUNDLE" --cache-dir $T/cache; echo "install rc=$?"
   HOME=$T/home-install "$PY" -m kernelcache env --cache-dir $T/cache --json > $T/env.json; echo "env rc=$?"
   cat $T/env.json; } > "$OUT/install.txt" 2>&1
@@ -70,7 +70,7 @@ print("\n".join(ec.differences(record, here)) or "no factor differs")
 PY
 cat "$OUT/install.txt"
 mapfile -t VARS < <("$PY" -c "import json; [print(f'{k}={v}') for k, v in json.load(open('$T/env.json')).items() if k != 'PYTHONPATH']")
-state bundle 150 HOME=$T/home-fresh "${VARS[@]}"
+state bundle ${BUNDLE_S:-150} HOME=$T/home-fresh "${VARS[@]}"
 du -sh $T/cold $T/cache/vllm >> "$OUT/env.txt" 2>&1
 "$PY" - "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
