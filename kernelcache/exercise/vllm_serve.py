@@ -89,8 +89,9 @@ def _run_child(request: dict, imports: list[str]) -> tuple[dict, tuple[str, ...]
                "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
                "HF_HOME": os.environ.get("HF_HOME", str(Path(scratch, "hf")))}
         done = subprocess.run([sys.executable, "-m", __name__, str(ask)], env=env, capture_output=True, text=True)
-        if done.returncode == 0 and answer.is_file():
-            return json.loads(answer.read_text()), tuple(json.loads(imported.read_text()))
+        if answer.is_file():  # written once every profile is configured: a crash after it was in the imports
+            names = json.loads(imported.read_text()) if done.returncode == 0 and imported.is_file() else []
+            return json.loads(answer.read_text()), tuple(names)
         raise _failure(done.returncode, done.stderr)
 
 
