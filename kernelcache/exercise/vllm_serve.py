@@ -90,9 +90,16 @@ def _run_child(request: dict, imports: list[str]) -> tuple[dict, tuple[str, ...]
                "HF_HOME": os.environ.get("HF_HOME", str(Path(scratch, "hf")))}
         done = subprocess.run([sys.executable, "-m", __name__, str(ask)], env=env, capture_output=True, text=True)
         if answer.is_file():  # written once every profile is configured: a crash after it was in the imports
-            names = json.loads(imported.read_text()) if done.returncode == 0 and imported.is_file() else []
-            return json.loads(answer.read_text()), tuple(names)
+            return json.loads(answer.read_text()), _imported(imported)
         raise _failure(done.returncode, done.stderr)
+
+
+def _imported(file: Path) -> tuple[str, ...]:
+    """The modules the child says imported (it rewrites the list after each): none where it wrote none."""
+    try:
+        return tuple(json.loads(file.read_text()))
+    except (OSError, ValueError):
+        return ()
 
 
 def _failure(code: int, stderr: str) -> Exception:
@@ -399,22 +406,25 @@ def main(request_file: str) -> int:
     flash_attn_interface()
     answer = {p["name"]: configure(request["args"], p, request["shown"]) for p in request["profiles"]}
     Path(request["answer"]).write_text(json.dumps(answer))
-    Path(request["imported"]).write_text(json.dumps(imported(request.get("imports", []))))
+    import_each(request.get("imports", []), Path(request["imported"]))
     return 0
 
 
-def imported(modules: list[str]) -> list[str]:
-    """The modules of ``modules`` that import here (preflight.py's row asks the same of a fresh child)."""
+def import_each(modules: list[str], report: Path) -> None:
+    """Import each of ``modules`` (preflight.py's row asks the same of a fresh child), listing in ``report`` those
+    that imported, rewritten after each: one that kills the process leaves the ones before it said."""
     import importlib
 
-    done = []
+    done: list[str] = []
     for name in modules:
         try:
             importlib.import_module(name)
         except BaseException:  # noqa: BLE001 -- the preflight's own child reports it, with its error
             continue
         done.append(name)
-    return done
+        scratch = report.with_suffix(".tmp")
+        scratch.write_text(json.dumps(done))
+        os.replace(scratch, report)
 
 
 if __name__ == "__main__":
