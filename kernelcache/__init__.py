@@ -12,8 +12,6 @@ Importing this package imports neither torch nor triton; each verb imports what 
 from __future__ import annotations
 
 import sys
-import types
-from importlib import import_module
 
 from .version import __version__
 
@@ -69,14 +67,17 @@ if TYPE_CHECKING:  # type checkers and IDEs see the verbs; at run time they load
     from .verify import verify
 
 
-class _Package(types.ModuleType):
+_ModuleType = type(sys)  # types.ModuleType, without importing types: every pod start imports this package
+
+
+class _Package(_ModuleType):
     """``build``, ``install``, ``capture``, ``tune`` and ``verify`` name both a verb and the module that holds it.
     Importing such a module makes Python bind the module to the package's attribute; refused here, so
     ``kernelcache.verify`` stays the verb however often it is called and whatever was imported before
     (``from kernelcache.verify import ...`` still reaches the module)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _API and isinstance(value, types.ModuleType):
+        if name in _API and isinstance(value, _ModuleType):
             return
         super().__setattr__(name, value)
 
@@ -89,6 +90,8 @@ def __getattr__(name: str) -> Any:
     if target is None:
         raise AttributeError(f"module 'kernelcache' has no attribute {name!r}")
     module, _, attr = target.partition(":")
+    from importlib import import_module  # here: importlib costs every pod start (entry.py) its import
+
     return getattr(import_module(module), attr)
 
 

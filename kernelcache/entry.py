@@ -104,12 +104,16 @@ def _plain(args: list[str]) -> bool:
     if parsed is None:
         return False
     verb, options, positionals = parsed
-    from .errors import KernelcacheError
-
     try:
         return {"install": _install, "env": _env, "run": _run}[verb](options, positionals)
-    except (KernelcacheError, OSError):
+    except OSError:
         return False
+    except Exception as exc:
+        from .errors import KernelcacheError  # here: a no-op install raises nothing, and errors.py costs it 1-3 ms
+
+        if isinstance(exc, KernelcacheError):
+            return False
+        raise
 
 
 def _root(options: dict) -> str:
@@ -132,10 +136,9 @@ def _install(options: dict, positionals: list[str]) -> bool:
     if found is None:
         return _install_now(positionals[0], root, check_gpu, bool(options.get("--json")), signature_policy,
                             **wanted)
-    root, digest, warnings, signature, choices = found
-    _render_install({"cache_dir": str(root), "digest": digest, "action": "already-installed", "written": 0,
-                     "present": 0, "seconds": 0.0, "warnings": list(warnings), "signature": signature,
-                     "choices": choices},
+    _render_install({"cache_dir": str(found.cache_dir), "digest": found.digest, "action": "already-installed",
+                     "written": 0, "present": 0, "seconds": 0.0, "warnings": list(found.warnings),
+                     "signature": found.signature, "choices": found.choices},
                     bool(options.get("--json")))
     return True
 

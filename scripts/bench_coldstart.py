@@ -200,7 +200,11 @@ def main() -> int:
 
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
         rows = list(pool.map(one, plan))
-    Path(args.out).write_text(json.dumps({"rows": rows, "summary": summarise(rows)}, indent=1))
+    summary = summarise(rows)
+    Path(args.out).write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
+    for entry in summary:  # one line per scenario and mode: the medians
+        print(entry["scenario"], entry["mode"], entry["n"], entry["compiles"], entry["gcc_builds"], entry["tokens"],
+              {k: round(v["median"], 3) for k, v in entry.items() if isinstance(v, dict)})
     return 0 if all("timings" in r for r in rows) else 1
 
 

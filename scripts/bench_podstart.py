@@ -4,7 +4,10 @@
     python scripts/bench_podstart.py --bundle B [--source after=. --source before=/path/to/main] [--runs 15]
 
 Each ``--source LABEL=DIR`` is a kernelcache tree run as ``python -m kernelcache`` with
-``PYTHONPATH=DIR`` (so one interpreter and one set of packages measure old and new code);
+``PYTHONPATH=DIR`` (so one interpreter and one set of packages measure old and new code); each
+``--venv LABEL=DIR`` a venv with kernelcache installed (a release wheel, ``pip`` or ``uv pip``), run as users run
+it: its console script ``DIR/bin/kernelcache``, and ``DIR/bin/python`` for the ``python`` scenario (run this from
+outside the checkout);
 ``LABEL=DIR@BUNDLE`` gives that tree its own copy of the bundle (a tree from before a manifest field
 refuses a bundle that has it: ``scripts/strip_identity.py`` writes one without the Triton identity). Rounds
 interleave the sources, so a load that changes during the run weighs on each alike. Scenarios:
@@ -83,25 +86,34 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 
 class Source:
-    def __init__(self, label: str, root: Path, python: str, bundle: Path, work: Path, path: tuple[str, ...] = ()):
-        self.label, self.root, self.python, self.bundle = label, root, python, bundle
+    """A kernelcache tree run with ``python -m kernelcache``, or (``venv``) a venv's installed console script."""
+
+    def __init__(self, label: str, root: Path, python: str, bundle: Path, work: Path, path: tuple[str, ...] = (),
+                 venv: bool = False):
+        self.label, self.root, self.python, self.bundle, self.venv = label, root, python, bundle, venv
         self.work = work / label
         self.env = {k: v for k, v in os.environ.items()
                     if not k.startswith(("TRITON_", "KERNELCACHE_")) and k != "PYTHONPATH"}
-        self.env["PYTHONPATH"] = os.pathsep.join([str(root), *path])
+        if venv:
+            self.python = str(root / "bin" / "python")
+        else:
+            self.env["PYTHONPATH"] = os.pathsep.join([str(root), *path])
         self.installed = self.work / "installed"
         self.cold = 0
         self.gpu = ""
 
     def kc(self, *args: str) -> list[str]:
+        if self.venv:
+            return [str(self.root / "bin" / "kernelcache"), *args]
         return [self.python, "-m", "kernelcache", *args]
 
     def prepare(self) -> None:
         # Byte-compiled as pip compiles what it installs: kernelcache's tree, and the packages it imports where
         # they were installed without .pyc files (uv's default; a box with PYTHONDONTWRITEBYTECODE=1 never writes
-        # them), which would otherwise be compiled again by every command.
-        subprocess.run([self.python, "-m", "compileall", "-q", str(self.root / "kernelcache"), *self.imported()],
-                       check=True, env=self.env, cwd=quiet_dir())
+        # them), which would otherwise be compiled again by every command. A venv is measured as it was installed.
+        if not self.venv:
+            subprocess.run([self.python, "-m", "compileall", "-q", str(self.root / "kernelcache"), *self.imported()],
+                           check=True, env=self.env, cwd=quiet_dir())
         shutil.rmtree(self.work, ignore_errors=True)
         self.work.mkdir(parents=True)
         timed(self.kc("install", str(self.bundle), "--cache-dir", str(self.installed)), self.env)
@@ -145,10 +157,13 @@ class Source:
         probe = "import kernelcache, os; print(os.path.dirname(os.path.dirname(kernelcache.__file__)))"
         done = subprocess.run([self.python, "-c", probe], env=self.env, capture_output=True, text=True,
                               cwd=quiet_dir())
-        if Path(done.stdout.strip()).resolve() != self.root:
+        found = Path(done.stdout.strip()).resolve()
+        if found != self.root and not (self.venv and found.is_relative_to(self.root)):
             raise SystemExit(f"{self.label}: kernelcache is imported from {done.stdout.strip()}, not {self.root}")
 
     def commit(self) -> str:
+        if self.venv:
+            return subprocess.run(self.kc("--version"), capture_output=True, text=True).stdout.strip() or "?"
         done = subprocess.run(["git", "-C", str(self.root), "describe", "--always", "--dirty"],
                               capture_output=True, text=True)
         return done.stdout.strip() or "?"
@@ -159,13 +174,13 @@ def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "p25": q[0], "p75": q[2], "min": min(values), "max": max(values)}
 
 
-def scenarios() -> tuple[str, ...]:
-    """The scenarios, and the unpack floor where zstd and tar are on PATH."""
-    return (*SCENARIOS, FLOOR) if shutil.which("zstd") and shutil.which("tar") else SCENARIOS
+def scenarios(only: list[str]) -> tuple[str, ...]:
+    """The scenarios (those in ``only`` where given), and the unpack floor where zstd and tar are on PATH."""
+    every = (*SCENARIOS, FLOOR) if shutil.which("zstd") and shutil.which("tar") else SCENARIOS
+    return tuple(name for name in every if not only or name in only)
 
 
-def measure(sources: list[Source], runs: int) -> dict:
-    names = scenarios()
+def measure(sources: list[Source], runs: int, names: tuple[str, ...]) -> dict:
     results: dict = {s.label: {k: {"wall": [], "cpu": []} for k in (*names, "direct")} for s in sources}
     for _ in range(runs):
         for source in sources:
@@ -181,12 +196,12 @@ def measure(sources: list[Source], runs: int) -> dict:
     return results
 
 
-def render(results: dict, runs: int) -> str:
+def render(results: dict, runs: int, names: tuple[str, ...]) -> str:
     lines = ["| source | scenario | median wall (ms) | IQR (ms) | min-max (ms) | median CPU (ms) |",
              "| --- | --- | --- | --- | --- | --- |"]
     for label, rows in results.items():
         direct = statistics.median(rows["direct"]["wall"])
-        for name in scenarios():
+        for name in names:
             wall, cpu = summary(rows[name]["wall"]), statistics.median(rows[name]["cpu"])
             shift = direct if name.startswith("run") else 0.0
             note = " (added to /bin/true)" if shift else ""
@@ -260,11 +275,14 @@ def bare_venv(python: str, where: Path, extra: list[str]) -> str:
     return bare
 
 
-def make_source(pair: str, python: str, bundle: Path, work: Path, path: tuple[str, ...] = ()) -> Source:
-    """``LABEL=DIR`` or ``LABEL=DIR@BUNDLE`` (that tree's own copy of the bundle); ``path``: more PYTHONPATH."""
+def make_source(pair: str, python: str, bundle: Path, work: Path, path: tuple[str, ...] = (),
+                venv: bool = False) -> Source:
+    """``LABEL=DIR`` or ``LABEL=DIR@BUNDLE`` (that tree's own copy of the bundle); ``path``: more PYTHONPATH;
+    ``venv``: DIR is a venv with kernelcache installed."""
     label, _, rest = pair.partition("=")
     root, _, own = rest.partition("@")
-    return Source(label, Path(root).resolve(), python, Path(own or bundle).resolve(), work, path)
+    return Source(label, Path(root).absolute() if venv else Path(root).resolve(), python,
+                  Path(own or bundle).resolve(), work, path, venv)
 
 
 def main() -> int:
@@ -272,8 +290,12 @@ def main() -> int:
     parser.add_argument("--bundle", required=True, type=Path)
     parser.add_argument("--source", action="append", default=[],
                         help="LABEL=DIR or LABEL=DIR@BUNDLE (default: after=this tree)")
+    parser.add_argument("--venv", action="append", default=[],
+                        help="LABEL=DIR or LABEL=DIR@BUNDLE: a venv with kernelcache installed, its console script")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--scenario", action="append", default=[], choices=[*SCENARIOS, FLOOR],
+                        help="Measure only this scenario (repeatable; default: all).")
     parser.add_argument("--parts", action="store_true", help="Also time the parts of a first fingerprint.")
     parser.add_argument("--json", type=Path, default=None, help="Also write every measurement here.")
     parser.add_argument("--as-installed", action=argparse.BooleanOptionalAction, default=True,
@@ -284,19 +306,23 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="kc-podstart-"))
     if args.as_installed:
         args.python = bare_venv(args.python, work / "venv", [str(d.resolve()) for d in args.site])
-    pairs = args.source or [f"after={Path(__file__).resolve().parents[1]}"]
+    pairs = args.source or ([] if args.venv else [f"after={Path(__file__).resolve().parents[1]}"])
     path = () if args.as_installed else tuple(str(d.resolve()) for d in args.site)  # else in the bare venv's .pth
     sources = [make_source(pair, args.python, args.bundle, work, path) for pair in pairs]
+    sources += [make_source(pair, args.python, args.bundle, work, venv=True) for pair in args.venv]
     print(f"before: {machine(args.python)}", flush=True)
     for source in sources:
         source.prepare()
         source.check_imported()
-    results = measure(sources, args.runs)
-    print(render(results, args.runs))
+    names = scenarios(args.scenario)
+    results = measure(sources, args.runs, names)
+    print(render(results, args.runs, names))
     if args.parts:
         print(fingerprint_parts(sources[-1], args.runs))  # the newest source: older ones may lack envkey
     print(f"after: {machine(args.python)}")
     print("sources: " + ", ".join(f"{s.label}={s.root} ({s.commit()})" for s in sources))
+    for venv in (s for s in sources if s.venv):
+        print(f"{venv.label}: {machine(venv.python)}")
     print(f"bundle: {args.bundle} ({args.bundle.stat().st_size / 2**20:.1f} MiB)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

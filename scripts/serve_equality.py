@@ -50,10 +50,10 @@ def digests(bundle: Path) -> dict[str, str]:
 
 def recipe_for(name: str, config: Path, plan: dict, paths: tuple[str, ...], out: Path) -> Path:
     """Kernelcache's own planning: the model's [model] table and vLLM's derived values as [vllm]."""
-    from kernelcache.plan.model import _COMMON_KEYS, sections
+    from kernelcache.plan.model import recipe_keys
 
     fields = json.loads(config.read_text())
-    keys = _COMMON_KEYS.union(*(s.config_keys for s in sections())) - {"name"}
+    keys = recipe_keys() - {"name"}
     lines = [f'name = "{plan["name"]}"', 'gpus = ["h100-sxm"]', "", "[vllm]", f"paths = {json.dumps(list(paths))}",
              f"logits_dtypes = {json.dumps(plan['dtypes'])}"]
     lines += [f"{k} = {json.dumps(plan[k])}" for k in VLLM_KEYS]

@@ -78,7 +78,7 @@ def test_every_family_names_files_that_exist():
         assert function in defined, f"{family.name}: {family.exercise}"
         about = family.about
         assert not about.probe or (ROOT / about.probe).is_file(), about.probe
-        assert not about.gpu_check or (ROOT / "scripts/gpu/checks" / f"{about.gpu_check}.py").is_file(), \
+        assert not about.gpu_check or (ROOT / "tests/gpu_checks" / f"{about.gpu_check}.py").is_file(), \
             about.gpu_check
 
 

@@ -1,6 +1,7 @@
-"""scripts/gpu/first_call_rounds.py on the CPU: the order each round runs its modes in, what a process reports of
-its first call besides wall time, and the summary's per-round comparison of the first served process after a fresh
-install with the second served process. (The rounds themselves run on a GPU; the lead runs them.)"""
+"""scripts/gpu/first_call_rounds.py and its two siblings on the CPU: the order each round runs its modes in
+(first_call_rounds.py), what a process reports of its first call besides wall time (first_call_process.py), and the
+summary's per-round comparison of the first served process after a fresh install with the second served process
+(first_call_summary.py). (The rounds themselves run on a GPU; the lead runs them.)"""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def load_rounds():
 
 
 rounds = load_rounds()
+process, summary_tables = sys.modules["first_call_process"], sys.modules["first_call_summary"]  # its siblings
 
 
 def test_no_mode_always_runs_right_after_another():
@@ -36,7 +38,7 @@ def test_no_mode_always_runs_right_after_another():
 
 
 def test_usage_counts_this_threads_cpu_and_faults():
-    usage = rounds.Usage()
+    usage = process.Usage()
     end = time.thread_time() + 0.05
     while time.thread_time() < end:  # CPU work of this thread
         pass
@@ -60,14 +62,14 @@ def test_summary_compares_the_fresh_install_with_the_second_served_process_by_wa
                                                                   (0.05, 0.05, 30.0, 40.0)], start=1):
         rows += [_row(10 * rnd, rnd, "warm", 0.5, 400.0), _row(10 * rnd + 1, rnd, "served", second, second_cpu),
                  _row(10 * rnd + 2, rnd, "served-fresh", fresh, fresh_cpu)]
-    summary = rounds.summarise(rows)
+    summary = summary_tables.summarise(rows)
     fresh = next(r for r in summary["ratios"] if r["mode"] == "served-fresh")
     assert fresh["per_round"] == [0.12, 0.1]
     assert fresh["vs_second_served_per_round"] == [1.2, 1.0]
     assert fresh["cpu_vs_second_served_per_round"] == [1.0, 0.75]
     table = next(r for r in summary["table"] if r["mode"] == "served-fresh")
     assert table["thread_cpu_ms"] == [40.0, 30.0]
-    assert "1.00×, 0.75×" in rounds.markdown(summary)
+    assert "1.00×, 0.75×" in summary_tables.markdown(summary)
 
 
 def _driver(tmp_path, *flags: str):

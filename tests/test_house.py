@@ -13,7 +13,8 @@ import pytest
 
 pytestmark = pytest.mark.fast
 ROOT = Path(__file__).resolve().parents[1]
-OWN_TEXT = [*ROOT.glob("kernelcache/**/*.py"), *ROOT.glob("scripts/**/*"), *ROOT.glob("docs/*.md"),
+OWN_TEXT = [*ROOT.glob("kernelcache/**/*.py"), *ROOT.glob("scripts/**/*"), *ROOT.glob("tests/gpu_checks/*.py"),
+            *ROOT.glob("docs/*.md"),
             *ROOT.glob("kernelcache/recipes/**/*.toml"), ROOT / "README.md"]
 
 
@@ -363,3 +364,51 @@ def test_the_names_of_a_cache_dir_are_spelled_in_its_layout_table_alone():
     found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for path in ROOT.glob("kernelcache/**/*.py")
              if path != LAYOUT for number, line in enumerate(path.read_text().splitlines(), 1) if spelled.search(line)]
     assert not found, "\n".join(found)
+
+
+# -- what scripts import ----------------------------------------------------------------------------------------
+
+KERNELCACHE_IMPORT = re.compile(r"from (kernelcache[\w.]*) import (?:\(([^)]*)\)|([\w ,]+))|import (kernelcache[\w.]*)"
+                                r"|-m[\"', ]* (kernelcache[\w.]*)|[\"'](kernelcache[\w.]*)[:\"']")
+
+
+def script_imports() -> list[tuple[str, str]]:
+    """(file, module or module.name) for every kernelcache module or name a file under scripts/ imports: Python's
+    imports, ``python -m`` and ``-c`` in shell, and ``module:function`` job calls."""
+    found = []
+    for path in sorted(ROOT.glob("scripts/**/*")):
+        if not path.is_file() or path.suffix not in (".py", ".sh"):
+            continue
+        for match in KERNELCACHE_IMPORT.finditer(path.read_text()):
+            module, wrapped, names, *others = match.groups()
+            where = str(path.relative_to(ROOT))
+            if module:
+                found += [(where, f"{module}.{name.split()[0]}") for name in (wrapped or names).split(",")
+                          if name.strip()]
+            found += [(where, other) for other in others if other]
+    return found
+
+
+def scripts_exercise_api() -> set[str]:
+    """The modules of exercise/ docs/ARCHITECTURE.md's "What scripts import" names."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text().split("## What scripts import", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `exercise/(\w+)\.py` \|", text, re.M))
+
+
+def test_scripts_import_no_private_name_and_of_exercise_only_what_the_docs_name():
+    api, private, unnamed = scripts_exercise_api(), [], []
+    for where, name in script_imports():
+        parts = name.split(".")
+        if any(p.startswith("_") and not p.startswith("__") for p in parts):
+            private.append(f"{where}: {name}")
+        elif parts[1:2] == ["exercise"] and len(parts) > 2 and parts[2] not in api:
+            unnamed.append(f"{where}: {name}")
+    assert not private, "private names:\n" + "\n".join(private)
+    assert not unnamed, "exercise modules docs/ARCHITECTURE.md does not name for scripts:\n" + "\n".join(unnamed)
+    assert {"drivers", "layers"} <= api
+
+
+def test_the_scripts_import_check_sees_each_kind_of_import():
+    names = {name for _, name in script_imports()}
+    assert {"kernelcache.format.archive.read_manifest", "kernelcache.exercise.worker",
+            "kernelcache.exercise.testkernels", "kernelcache.exercise.flashinfer_sampling.setup_toolchain"} <= names

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from helpers.bundles import rewrite
-from helpers.common import clean_env, entry_point
+from helpers.common import ROOT, bare_venv, clean_env, entry_point
 
 from kernelcache.errors import FingerprintMismatch
 
@@ -26,6 +26,10 @@ from kernelcache.errors import FingerprintMismatch
 # path is the installer's, still without click (entry.py runs a plain install itself; click only says an error).
 WATCHED = ("kernelcache.install", "kernelcache.format.manifest", "zstandard", "click", "triton", "torch")
 FULL = ["kernelcache.install", "kernelcache.format.manifest", "zstandard"]
+# Nor these, which a Python start does not import and which cost a pod start most (1-10 ms each on 2 cores): what the
+# answer needs is os, sys, _json and _sha2 and kernelcache's few fast-path modules.
+STANDARD = ("collections", "contextlib", "functools", "re", "json", "hashlib", "importlib.util", "dataclasses",
+            "pathlib", "typing", "subprocess", "kernelcache.errors")
 
 
 def cli(*args: str, **env: str) -> tuple[dict, subprocess.CompletedProcess]:
@@ -57,6 +61,20 @@ def test_a_noop_install_is_answered_without_the_installer(installed):
     assert done.stdout.startswith(f"already installed in {cache} (digest ")
     [record] = records(cache)
     assert record["bundle"] == str(bundle.resolve()) and record["files"]
+
+
+def test_a_noop_install_imports_no_more_of_the_standard_library_than_it_needs(small_bundle, tmp_path):
+    """Both forms users copy into an init container, ``install B`` and ``install B --gpu h200``, as an image runs them
+    (no editable install's import finder, which imports those modules at every start)."""
+    python, bundle = bare_venv(tmp_path / "venv"), tmp_path / "b.tar.zst"
+    shutil.copy(small_bundle, bundle)
+    args = ("install", str(bundle), "--cache-dir", str(tmp_path / "c"))
+    first, done = entry_point(*args, watched=STANDARD, python=python, PYTHONPATH=str(ROOT))
+    assert first["exit"] == 0 and {"json", "re"} <= set(first["imported"]), done.stderr  # the full path: watched
+    for flags in ((), ("--gpu", "h200")):
+        again, done = entry_point(*args, *flags, watched=STANDARD, python=python, PYTHONPATH=str(ROOT))
+        assert again == {"exit": 0, "imported": []}, (flags, done.stderr)
+        assert done.stdout.startswith(f"already installed in {tmp_path / 'c'} (digest "), done.stdout
 
 
 def test_a_noop_install_for_a_gpu_or_arch_is_answered_from_the_record_too(installed):

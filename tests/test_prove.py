@@ -43,9 +43,29 @@ def test_every_family_with_a_check_resolves_to_it():
 
 def test_every_check_defines_the_public_entry_point():
     for name in prove.checks():
-        tree = ast.parse((ROOT / "scripts" / "gpu" / "checks" / f"{name}.py").read_text())
+        tree = ast.parse((prove.CHECKS / f"{name}.py").read_text())
         (found,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
         assert [a.arg for a in found.args.args] == ["tasks", "records"], name
+
+
+def test_every_name_a_check_imports_from_kernelcache_exists():
+    """What a check imports when it runs (inside its functions) is there: a moved or renamed driver helper fails
+    here, on the CPU, not on the GPU box."""
+    for name in prove.checks():
+        tree = ast.parse((prove.CHECKS / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kernelcache"):
+                module = importlib.import_module(node.module)
+                missing = [a.name for a in node.names if not hasattr(module, a.name)
+                           and importlib.util.find_spec(f"{node.module}.{a.name}") is None]
+                assert not missing, f"{name}: {node.module} has no {missing}"
+
+
+def test_every_check_loads_without_a_gpu():
+    """A check imports torch, Triton, vLLM and its family's driver when it runs: loading it (as --child does) needs
+    none of them."""
+    for name in prove.checks():
+        assert callable(prove.load_check(name).check), name
 
 
 def test_the_bundle_of_the_visible_gpu_is_picked(tmp_path):

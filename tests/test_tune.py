@@ -6,10 +6,10 @@ launches), in a fresh process each time. What is faked, and why: the fake target
 benchmark is the autotuner's own ``do_bench`` hook returning a fixed time per candidate (``BLOCK`` 64 the
 fastest) and recording each call; that record is how a test counts benchmark runs. The keys, the
 ``.autotune.json`` files and their reading are Triton's. ``kernelcache tune`` itself times on a GPU
-(scripts/gpu/h200_tune.sh); here its two halves that need none, reading the files a run left
-(``harvest_choices``) and writing them into a bundle (``with_choices``), make the tuned bundle that install,
-``env``, ``run``, ``activate()``, ``ls``, ``inspect``, ``diff`` and ``merge`` are tested with. Install's GPU
-check sees a stub libcuda's GPU (tests/helpers/fakegpu.py).
+(``scripts/gpu/prove.py mamba --states cold,bundle,tuned,chosen``); here its two halves that need none, reading
+the files a run left (``harvest_choices``) and writing them into a bundle (``with_choices``), make the tuned
+bundle that install, ``env``, ``run``, ``activate()``, ``ls``, ``inspect``, ``diff`` and ``merge`` are tested
+with. Install's GPU check sees a stub libcuda's GPU (tests/helpers/fakegpu.py).
 """
 
 from __future__ import annotations

@@ -15,9 +15,6 @@ A key's *fingerprint* is ``sha256:`` and the hex sha256 of its DER SubjectPublic
 from __future__ import annotations
 
 import os
-from collections import namedtuple
-
-from ..errors import UsageError
 
 REQUIRE_VARIABLE = "KERNELCACHE_REQUIRE_SIGNATURE"
 KEYS_VARIABLE = "KERNELCACHE_TRUSTED_KEYS"
@@ -25,9 +22,18 @@ SUFFIX = ".sig"  # the signature file beside a bundle: B.tar.zst.sig
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 _BEGIN, _END = b"-----BEGIN PUBLIC KEY-----", b"-----END PUBLIC KEY-----"
 
-# (require: bool, keys: tuple of key file paths); a namedtuple: typing's NamedTuple or a dataclass would cost the
-# fast path their imports.
-Policy = namedtuple("Policy", ["require", "keys"])
+
+class Policy:
+    """``require``: refuse a bundle without a valid signature by one of ``keys``, the trusted key files (a tuple of
+    paths). A plain class: a namedtuple, typing's NamedTuple or a dataclass would cost every pod start (the fast
+    path reads the policy) the import of collections, typing or dataclasses."""
+
+    __slots__ = ("require", "keys")
+
+    def __init__(self, require: bool, keys: tuple[str, ...]) -> None:
+        self.require, self.keys = require, keys
+
+
 NO_POLICY = Policy(False, ())
 VALID = ("trusted", "signed")  # the statuses of a signature check that found a valid signature (bundle/signature.py)
 
@@ -39,14 +45,20 @@ def policy(require: bool | None = None, keys=None) -> Policy:
     if require is None:
         text = os.environ.get(REQUIRE_VARIABLE, "").strip().lower()
         if text not in _TRUE + _FALSE:
-            raise UsageError(f"{REQUIRE_VARIABLE} must be 1 or 0 (true/false, yes/no), got {text!r}")
+            raise _usage_error(f"{REQUIRE_VARIABLE} must be 1 or 0 (true/false, yes/no), got {text!r}")
         require = text in _TRUE
     if keys is None:
         keys = [k for k in os.environ.get(KEYS_VARIABLE, "").split(os.pathsep) if k.strip()]
     found = Policy(bool(require), tuple(os.fspath(k) for k in keys))
     if found.require and not found.keys:
-        raise UsageError(f"--require-signature needs at least one --trusted-key (or {KEYS_VARIABLE})")
+        raise _usage_error(f"--require-signature needs at least one --trusted-key (or {KEYS_VARIABLE})")
     return found
+
+
+def _usage_error(message: str) -> Exception:
+    from ..errors import UsageError  # here: every pod start reads a policy, and errors.py (38 classes) costs it 1-3 ms
+
+    return UsageError(message)
 
 
 def describe(signature: dict | None) -> str:

@@ -27,8 +27,6 @@ lookups ignore it and an install replaces it, a read-only base refuses it). ``pu
 publishing and recovery.
 """
 
-from importlib import import_module
-
 # Loaded on first use (PEP 562): importing a light module of this package (layout.py, checked.py, on every
 # pod start) must not import the ones below, with their dataclasses and pathlib.
 _EXPORTS = {
@@ -43,4 +41,6 @@ def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module  # here, as the modules: a pod start's fast path imports this package
+
     return getattr(import_module(f"{__name__}.{module}"), name)

@@ -25,15 +25,15 @@ installed file is there and no install is half-published; anything else answers 
 the full path, which checks everything again (a record that answers gets its mtime set to now: ``prune`` removes
 records unused for long). The record is never the only guard of a refusal: it exists
 only for a bundle that was accepted, under exactly the state that is compared. Reading it takes the standard
-library's os, json and hashlib and nothing heavier (no dataclasses, pathlib or subprocess: each costs a pod
-start 15-40 ms of imports on 2 cores), so the entry point answers a no-op install before click or the
-installer load.
+library's os and the C halves of json and hashlib (``_json``, ``_sha2``: hooks/kernelcache_records.py) and nothing
+heavier: no dataclasses, pathlib or subprocess (each costs a pod start 15-40 ms of imports on 2 cores), nor
+collections, contextlib, functools, importlib or kernelcache's errors (1-5 ms each), so the entry point answers a
+no-op install before click or the installer load (tests/test_noop_install.py watches which modules it imports).
 """
 
 from __future__ import annotations
 
 import os
-from collections import namedtuple
 
 from ..bundle.trust import NO_POLICY, key_fingerprints, signature_path
 from ..format.envscan import gpu_witness, key_digest, scan_key
@@ -60,8 +60,15 @@ def _record_path(root: str, bundle: str) -> str:
     return state_path(root, CHECKED, f"{name}.json")
 
 
-# A no-op install the record vouches for (a namedtuple: typing's NamedTuple would cost the import of typing).
-Checked = namedtuple("Checked", ["cache_dir", "digest", "warnings", "signature", "choices"])
+class Checked:
+    """A no-op install the record vouches for. A plain class: a namedtuple, typing's NamedTuple or a dataclass
+    would cost every pod start the import of collections, typing or dataclasses."""
+
+    __slots__ = ("cache_dir", "digest", "warnings", "signature", "choices")
+
+    def __init__(self, cache_dir: str, digest: str, warnings: tuple[str, ...], signature: dict, choices: str) -> None:
+        self.cache_dir, self.digest, self.warnings, self.signature, self.choices = (
+            cache_dir, digest, warnings, signature, choices)
 
 
 def remember_checked(cache: CacheDir, bundle: str | os.PathLike, identity: list[int], digest: str,

@@ -7,7 +7,7 @@ Python code allocates itself (vllm/_custom_ops.py, vllm/model_executor/layers/fu
 is registered under the same name and schema, with a fake (meta) implementation that does nothing but keep
 the caller's buffers, leaves every key as it is; under a FakeTensor there are no values to compute anyway.
 Each op also gets a plain-torch implementation (``CompositeExplicitAutograd``), for real tensors where the
-op is missing (the GPU proof, scripts/gpu/checks/moe.py). An op is registered only when the real one is
+op is missing (the GPU proof, tests/gpu_checks/moe.py). An op is registered only when the real one is
 absent; ``install`` reports what it substituted, and the build records that in its task summary.
 
 Schemas follow the calls in vllm/_custom_ops.py of the installed vLLM (0.33.0), with the op definitions of

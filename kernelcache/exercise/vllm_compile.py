@@ -193,7 +193,7 @@ def substitutes() -> dict:
     import vllm._custom_ops  # noqa: F401 -- vLLM's compiled ops load first where they are installed
 
     from . import fake_ops
-    from .vllm_mamba import install_ops
+    from .layers import install_ops
 
     done = fake_ops.install()
     done["ops"] += install_ops(fake_ops)
@@ -226,7 +226,7 @@ def build(request: dict) -> dict:
 
     from . import fake_cuda_runtime
     from .fake_device import fake_cuda
-    from .vllm_mamba import single_rank
+    from .layers import single_rank
 
     profile = request["profile"]
     fake_target(profile)

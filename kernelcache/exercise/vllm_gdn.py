@@ -8,7 +8,7 @@ and mixed batches, each with ``GDNAttentionMetadataBuilder.build``. ``forward_cu
 the conv kernels, the chunked gated delta rule (``ChunkGatedDeltaRule``'s FLA kernels, or FlashInfer's prefill:
 ``_resolve_gdn_prefill_backend``) and the recurrent decode kernels.
 
-Autotuned FLA kernels compile every candidate, as exercise/vllm_mamba.py's ``AutotuneCandidates`` does. In cross
+Autotuned FLA kernels compile every candidate, with exercise/layers.py's ``AutotuneCandidates``. In cross
 mode torch's CUDA queries answer as on the target while FLA's modules import (``cuda_answers``: FLA's
 ``is_nvidia_hopper`` and ``check_shared_mem`` pick warp counts and block sizes; where FLA's import leaves CUDA
 uninitialised, as on vLLM 0.34, ``chunk_fwd_kernel_o`` also compiles the candidates of a process that imports it
@@ -24,9 +24,19 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import vllm_mamba
+from . import layers
 from .drivers import cross, device_scope, require_triton
-from .vllm_mamba import AutotuneCandidates, drive, python_bodies, real_host, summary, tensor_parallel, warmup_failures
+from .layers import (
+    AutotuneCandidates,
+    autotuners,
+    config_label,
+    drive,
+    python_bodies,
+    real_host,
+    summary,
+    tensor_parallel,
+    warmup_failures,
+)
 from .vllm_serve import answering_flash_attn_version, fa_version
 
 LAYER_NAME = "model.layers.0.linear_attn"
@@ -42,7 +52,7 @@ CHUNK = 64  # FLA_CHUNK_SIZE (ops/utils.py): every chunk kernel's BT
 CONTEXT = 37  # tokens already in a request's state before a decode or a continued prefill
 GDN_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
 # Modules that read the TP world size and rank: the linear layers and the GDN base class (GatedDeltaNetAttention).
-TP_USERS = (*vllm_mamba.TP_USERS, "vllm.model_executor.layers.mamba.gdn.base")
+TP_USERS = (*layers.TP_USERS, "vllm.model_executor.layers.mamba.gdn.base")
 CORE_OPS = ("qwen_gdn_attention_core", "qwen_gdn_attention_core_fused_norm_packed")
 
 
@@ -138,7 +148,7 @@ def prepare() -> dict:
     from . import fake_ops
 
     done = fake_ops.install()
-    done["ops"] += vllm_mamba.install_ops(fake_ops)
+    done["ops"] += layers.install_ops(fake_ops)
     if cross():
         done["ops"] += install_mtp_op(fake_ops)
     done["platform"] = platform_like_cuda() if cross() else []
@@ -176,7 +186,7 @@ def platform_like_cuda() -> list[dict]:
     """The build's platform answers as vLLM's ``CudaPlatformBase`` does for what the GDN path asks."""
     from vllm.platforms import current_platform
 
-    done = vllm_mamba.pdl_like_cuda()
+    done = layers.pdl_like_cuda()
     platform = type(current_platform)
     if platform.__name__ != "CudaPlatform" and "get_cuda_runtime_major" not in vars(platform):
         platform.get_cuda_runtime_major = classmethod(lambda cls: cuda_runtime_major())
@@ -694,43 +704,25 @@ def flashinfer_prefill_shapes(layer: GdnLayer):
 # -- autotuned kernels --------------------------------------------------------------------------------------------
 
 
-def autotuners(module: Any) -> list[Any]:
-    """The ``Autotuner`` objects of a module's kernels, under any ``@triton.heuristics`` wrapping them."""
-    from triton.runtime.autotuner import Autotuner
-
-    found = []
-    for value in vars(module).values():
-        for _ in range(3):
-            if isinstance(value, Autotuner):
-                found.append(value)
-                break
-            value = getattr(value, "fn", None)
-    return found
-
-
 class FlaAutotuneCandidates(AutotuneCandidates):
-    """Cross mode: every launch of an autotuned FLA kernel compiles all its candidates (exercise/vllm_mamba.py),
-    and those of ``extra`` (``uninitialised_configs``) beside them."""
+    """Cross mode: every launch of an autotuned FLA kernel compiles all its candidates (exercise/layers.py), and
+    those of ``extra`` (``uninitialised_configs``) beside them."""
 
     def __init__(self, extra: dict[str, list] | None = None) -> None:
-        super().__init__()
+        super().__init__(tuple(f"{FLA}.{name}" for name in FLA_MODULES))
         self.extra = extra or {}
         self.added: dict[str, int] = {}
 
     def __enter__(self) -> FlaAutotuneCandidates:
-        import importlib
-
-        for name in FLA_MODULES:
-            for kernel in autotuners(importlib.import_module(f"{FLA}.{name}")):
-                if kernel.base_fn.__name__ not in self.kernels:
-                    self._patch(kernel)
-                    self._add(kernel, self.extra.get(kernel.base_fn.__name__, ()))
+        super().__enter__()
+        for name, kernel in self.kernels.items():
+            self._add(kernel, self.extra.get(name, ()))
         return self
 
     def _add(self, kernel: Any, configs: Any) -> None:
         """Append the configs of ``configs`` the kernel's own list lacks (restored on exit)."""
-        known = {vllm_mamba.config_label(c) for c in kernel.configs}
-        more = [c for c in configs if vllm_mamba.config_label(c) not in known]
+        known = {config_label(c) for c in kernel.configs}
+        more = [c for c in configs if config_label(c) not in known]
         if more:
             self.saved.append((kernel, "configs", kernel.configs))
             kernel.configs = [*kernel.configs, *more]

@@ -1,7 +1,7 @@
 """What a GPU check sees of an exercise run natively: the values an exercise hands on at named points.
 
 An exercise calls ``seen(point, **values)`` where a check may want to look (a step's start, a sampler's output);
-with no watcher, as in every build, that is a loop over an empty list. A check (scripts/gpu/checks/) watches
+with no watcher, as in every build, that is a loop over an empty list. A check (tests/gpu_checks/) watches
 with ``watching(callback)`` and gets ``callback(point, values)``: it times, digests or records what it needs,
 and calls the exercise's public entry point as the build does.
 """

@@ -9,11 +9,9 @@ subprocess: a no-op install on every pod start imports this module and little el
 
 from __future__ import annotations
 
-import contextlib
-import importlib.machinery
-import importlib.util
 import os
 import sys
+from _imp import extension_suffixes  # importlib.machinery.EXTENSION_SUFFIXES is this list, without importlib
 
 from ..hooks.kernelcache_records import json_dumps_sorted, sha256_hex, stamp
 from ..hooks.kernelcache_tritonkey import triton_files  # the served triton_key() seed checks these too
@@ -49,7 +47,7 @@ def scan_key() -> dict:
     env = dict(os.environ)
     triton_dir = package_dir("triton")
     return {
-        "interpreter": f"{sys.executable} {sys.version} {importlib.machinery.EXTENSION_SUFFIXES[0]}",
+        "interpreter": f"{sys.executable} {sys.version} {extension_suffixes()[0]}",
         "triton": _triton_files(triton_dir) if triton_dir else {},
         "ptxas": _ptxas_files(triton_dir, env),
         "env": key_candidates(env),
@@ -63,13 +61,27 @@ def key_digest(fields: dict) -> str:
 
 
 def package_dir(name: str) -> str | None:
-    """Where ``import name`` would load the package from, found without importing it."""
+    """Where ``import name`` would load the top-level package ``name`` from, found without importing it."""
     try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
+        spec = _find_spec(name)
+    except ImportError:
         return None
     locations = list(spec.submodule_search_locations or ()) if spec else []
     return os.path.realpath(locations[0]) if locations else None
+
+
+def _find_spec(name: str):
+    """``importlib.util.find_spec(name)`` of a top-level name, without importing importlib (every pod start's no-op
+    install asks it): the module's own spec once it is imported, else the first answer of the ``sys.meta_path``
+    finders, asked as importlib's ``_find_spec`` asks them."""
+    if name in sys.modules:
+        return getattr(sys.modules[name], "__spec__", None)
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        spec = find(name, None) if find is not None else None
+        if spec is not None:
+            return spec
+    return None
 
 
 def _triton_files(root: str) -> dict[str, Stat]:
@@ -97,6 +109,8 @@ def _listdir(path: str) -> list[str]:
 
 
 def _normalize(name: str) -> str:
+    if "-" not in name and "." not in name and "__" not in name:
+        return name.lower()  # no run of separators to collapse: a dist-info's name part, as wheels write it
     out: list[str] = []  # re.sub(r"[-_.]+", "_", name), without importing re (a no-op install's pod start)
     separated = False
     for char in name:
@@ -168,8 +182,11 @@ def gpu_witness() -> str:
     witness is equal; a changed witness (another node, another GPU, MIG reconfigured) means probing again.
     """
     parts = [f"{name}={os.environ.get(name)}" for name in WITNESS_VARIABLES]
-    with contextlib.suppress(OSError):
-        parts += sorted(f"dev {n}" for n in os.listdir("/dev") if n.startswith(("nvidia", "dxg")))
+    try:
+        devices = os.listdir("/dev")
+    except OSError:
+        devices = []
+    parts += sorted(f"dev {n}" for n in devices if n.startswith(("nvidia", "dxg")))
     parts += [f"{path} {_read(path)}" for path in [f"{_NVIDIA_PROC}/version", *_gpu_information_files()]]
     for folder, dirs, files in os.walk(f"{_NVIDIA_PROC}/capabilities"):
         parts += sorted(f"cap {folder}/{n}" for n in [*dirs, *files])

@@ -23,9 +23,6 @@ interpreter, before anything else.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import importlib.util
 import os
 import sys
 
@@ -36,8 +33,9 @@ except ImportError:
 
 stamp = kernelcache_records.stamp  # the sibling modules take it from here (their base), with the rest
 
-# hashlib, json, sysconfig and tempfile are imported where used: sitecustomize imports this module in
-# every process of a served pod, and only those that call triton_key() need them.
+# functools, hashlib, importlib, json, sysconfig and tempfile are imported where used: sitecustomize imports this
+# module in every process of a served pod, and only those that call triton_key() or set hooks need them; and every
+# no-op install reads triton_files through format/envscan.py, where each import costs a pod start.
 
 SOURCES = ("compiler", "backends", "language")  # the packages triton_key() walks, besides runtime/cache.py
 ENV_VAR = "KERNELCACHE_TRITON_KEYS"
@@ -67,8 +65,11 @@ def triton_files(root: str) -> dict[str, list[int]]:
             dirs.sort()
             paths += [os.path.join(folder, f) for f in sorted(files) if f.endswith(".py")]
     lib = os.path.join(root, "_C")
-    with contextlib.suppress(OSError):
-        paths += sorted(os.path.join(lib, f) for f in os.listdir(lib) if ".so" in f or f.endswith(".pyd"))
+    try:
+        libraries = os.listdir(lib)
+    except OSError:
+        libraries = []
+    paths += sorted(os.path.join(lib, f) for f in libraries if ".so" in f or f.endswith(".pyd"))
     stamps = {os.path.relpath(path, root): stamp(path) for path in paths}
     return {rel: found for rel, found in stamps.items() if found is not None}
 
@@ -228,6 +229,7 @@ def seed(cache_module, folder: str | None = None) -> None:
     if not folder or original is None or getattr(original, "kernelcache_seeded", False):
         return
     root = triton_root(cache_module)
+    import functools
 
     @functools.cache
     def triton_key() -> str:
@@ -253,6 +255,8 @@ class AfterImport:
         if name != self.name:
             return None
         sys.meta_path.remove(self)
+        import importlib.util
+
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
@@ -275,6 +279,8 @@ def seed_on_import(folder: str) -> None:
     modules and ``file``'s answer to ``platform.architecture()`` (kernelcache_outputs), the helper modules its gcc
     step would build (kernelcache_prebuilt) and the kept dependency walks of its ``@jit`` functions
     (kernelcache_walks); each module now if it is imported, else when it is."""
+    import functools
+
     outputs, prebuilt = _site_module("kernelcache_outputs"), _site_module("kernelcache_prebuilt")
     hooks = [(CACHE_MODULE, functools.partial(seed, folder=folder), "triton_key")]
     hooks += [(name, functools.partial(outputs.seed, folder=folder), "outputs") for name in outputs.MODULES]
@@ -293,4 +299,6 @@ def seed_on_import(folder: str) -> None:
 def _site_module(name: str):
     """A sibling module of this directory, whichever way this one was imported."""
     # As kernelcache.hooks.<name>, or from the served site dir (as sitecustomize imports this one).
+    import importlib
+
     return importlib.import_module(f"{__package__}.{name}" if __package__ else name)

@@ -80,7 +80,7 @@ class About:
     reads: tuple[str, ...] = ()  # the plan and model fields its tasks read (tests/test_families.py holds it to them)
     note: str = ""  # what --path's help says of it in brackets ("needs a MoE model")
     probe: str = ""  # the independent key probe (tests/probes/), from the repository root
-    gpu_check: str = ""  # the check scripts/gpu/prove.py runs on a GPU: a file under scripts/gpu/checks/
+    gpu_check: str = ""  # the check scripts/gpu/prove.py runs on a GPU: a file under tests/gpu_checks/
     proven: str = ""  # the GPU its check passed on (BENCHMARKS.md), for docs/FAMILIES.md
     releases: tuple[str, ...] = SUPPORTED  # the vLLM minor releases that have the path (plan/releases.py)
     contacts: tuple[Contact, ...] = ()  # every vLLM internal its exercise imports or calls, per release

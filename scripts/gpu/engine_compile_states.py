@@ -36,8 +36,8 @@ def substitutes(report: dict) -> None:
     import vllm._custom_ops  # noqa: F401 -- loads vLLM's compiled ops where they are installed, before any stand-in
 
     from kernelcache.exercise import fake_ops
+    from kernelcache.exercise.layers import install_ops
     from kernelcache.exercise.vllm_compile import define_missing_c_ops
-    from kernelcache.exercise.vllm_mamba import install_ops
 
     done = fake_ops.install()
     done["ops"] += install_ops(fake_ops)
@@ -191,8 +191,8 @@ def build(args, report: dict) -> None:
     substitutes(report)
     import torch
 
-    from kernelcache.exercise.fake_device import fake_cuda
-    from kernelcache.exercise.vllm_mamba import single_rank
+    from kernelcache.exercise.drivers import device_scope
+    from kernelcache.exercise.layers import single_rank
 
     config = engine_config(args)
     report["factors"] = hash_factors(config)
@@ -200,7 +200,7 @@ def build(args, report: dict) -> None:
     from vllm.model_executor.model_loader.utils import initialize_model
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    with set_default_torch_dtype(config.model_config.dtype), fake_cuda(), torch.device("cuda"):
+    with set_default_torch_dtype(config.model_config.dtype), device_scope(), torch.device("cuda"):
         model = initialize_model(config)
         ids = torch.zeros(args.tokens, dtype=torch.int64, device="cuda")
         positions = torch.zeros(args.tokens, dtype=torch.int64, device="cuda")
@@ -243,7 +243,7 @@ def run(args, report: dict) -> None:
     substitutes(report)
     import torch
 
-    from kernelcache.exercise.vllm_mamba import single_rank
+    from kernelcache.exercise.layers import single_rank
 
     config = engine_config(args)
     report["factors"] = hash_factors(config)

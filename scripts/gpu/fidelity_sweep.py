@@ -194,7 +194,7 @@ def _mrv2_state(batch: int, vocab: int, mixed: bool) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bundle")
-    parser.add_argument("--vocab", type=int, action="append")
+    parser.add_argument("--vocab", type=int, action="append", help="[default: every vocab size the bundle's plan has]")
     parser.add_argument("--max-batch", type=int, default=256)
     parser.add_argument("--work", default="/tmp/kc-sweep")
     parser.add_argument("--parallel", type=int, default=6)
@@ -207,8 +207,9 @@ def main() -> int:
     if args.child:  # one vocab in a fresh process, started by run_child
         print(json.dumps(child(args.child, args.max_batch)))
         return 0
-    if not (args.bundle and args.vocab and args.out):
-        parser.error("--bundle, --vocab and --out are required")
+    if not (args.bundle and args.out):
+        parser.error("--bundle and --out are required")
+    args.vocab = args.vocab or planned_vocabs(Path(args.bundle))
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     base, how = install_read_only(Path(args.bundle), work, mount=not args.writable)
@@ -222,6 +223,13 @@ def main() -> int:
     print(json.dumps(report["table"], indent=1))
     print("PASS" if report["pass"] else "FAIL")
     return 0 if report["pass"] else 1
+
+
+def planned_vocabs(bundle: Path) -> list[int]:
+    """The vocab sizes the bundle's build plan has."""
+    from kernelcache.format.archive import read_manifest
+
+    return [vocab["size"] for vocab in read_manifest(bundle).build.plan["vocabs"]]
 
 
 def install_read_only(bundle: Path, work: Path, mount: bool = True) -> tuple[Path, str]:

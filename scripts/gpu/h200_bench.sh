@@ -12,7 +12,3 @@ timeout ${BENCH_TIMEOUT:-330} python3 scripts/bench_coldstart.py --bundle .carry
   --vocab 128256 --runs ${RUNS:-5} --parallel ${PARALLEL:-3} --out $OUT/coldstart.json 2> $OUT/coldstart.rows.jsonl
 echo "bench rc=$?"
 tail -3 $OUT/flashinfer.log
-python3 -c "
-import json; d=json.load(open('$OUT/coldstart.json'))
-for e in d['summary']: print(e['scenario'], e['mode'], e['n'], e['compiles'], e['gcc_builds'], e['tokens'], {k: round(v['median'],3) for k,v in e.items() if isinstance(v, dict)})
-"

@@ -24,27 +24,5 @@ bundle=$(ls "$T"/warm/*.tar.zst | head -1)
 HOME=$T/home-verify python3 -m kernelcache verify "$bundle" --cache-dir "$T/relocated/cache" --json \
   > "$OUT/verify.json" 2> "$OUT/verify.err"
 echo "verify rc=$?" >> "$OUT/env.txt"
-python3 - "$OUT" "$T" <<'EOF' > "$OUT/build_cache.json"
-import hashlib, json, sys
-from pathlib import Path
-out, work = Path(sys.argv[1]), Path(sys.argv[2])
-summary = {"env": (out / "env.txt").read_text()}
-for name in ("plain", "cold", "warm"):
-    try:
-        [target] = json.loads((out / f"{name}.json").read_text())
-    except (OSError, ValueError) as exc:
-        summary[name] = {"error": f"{exc}: {(out / f'{name}.err').read_text()[-1500:]}"}
-        continue
-    summary[name] = {"compiles": target["compiles"], "build_cache": target["build_cache"], "seconds": target["seconds"],
-                     "bundles": {Path(b["path"]).name: hashlib.sha256(Path(b["path"]).read_bytes()).hexdigest()
-                                 for b in target["bundles"]}}
-digests = [summary.get(n, {}).get("bundles") for n in ("plain", "cold", "warm")]
-summary["byte_identical"] = digests[0] is not None and digests.count(digests[0]) == 3
-try:
-    report = json.loads((out / "verify.json").read_text())
-    summary["verify"] = {k: report.get(k) for k in ("ok", "compiles", "hits", "gcc_builds", "files_written")}
-except (OSError, ValueError) as exc:
-    summary["verify"] = {"error": f"{exc}: {(out / 'verify.err').read_text()[-1500:]}"}
-print(json.dumps(summary, indent=1))
-EOF
+python3 scripts/gpu/summarise_build_cache.py "$OUT" > "$OUT/build_cache.json"
 cat "$OUT/build_cache.json"

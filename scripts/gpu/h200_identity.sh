@@ -12,28 +12,7 @@ set -uo pipefail
 bundle=${1:?usage: h200_identity.sh BUNDLE.tar.zst}
 source scripts/gpu/harness.sh /tmp/kcid
 python3 scripts/strip_identity.py "$bundle" "$T/plain.tar.zst"
-python3 - "$bundle" > "$OUT/identity.json" 2> "$OUT/identity.err" <<'PY'
-import json, sys, time
-from dataclasses import asdict
-from kernelcache.format import archive
-from kernelcache.format.envscan import package_dir
-from kernelcache.format.fingerprint import local_environment, package_version
-from kernelcache.format.identity import environment_from
-manifest = archive.read_manifest(sys.argv[1])
-started = time.perf_counter()
-fast = environment_from(manifest.triton_identity, manifest.environment, ["sm_90"], package_dir("triton"),
-                        package_version)
-fast_s = time.perf_counter() - started
-imported = "triton" in sys.modules
-started = time.perf_counter()
-own = asdict(local_environment(["sm_90"]))
-own_s = time.perf_counter() - started
-fast = asdict(fast) if fast else None
-print(json.dumps({"record_used": fast is not None, "equal": fast == own, "imported_before": imported,
-                  "record_s": round(fast_s, 4), "triton_s": round(own_s, 4),
-                  "differs": sorted(k for k in own if fast and fast[k] != own[k]),
-                  "bundle_env_equal": own == asdict(manifest.environment), "own": own}, indent=1))
-PY
+python3 scripts/gpu/identity_check.py "$bundle" > "$OUT/identity.json" 2> "$OUT/identity.err"
 for kind in record plain; do
   b=$bundle; [ "$kind" = plain ] && b=$T/plain.tar.zst
   for i in 1 2 3 4 5; do

@@ -24,13 +24,6 @@ imports() {  # which of click / kernelcache.install a command imported, and its 
   echo "CUDA_VISIBLE_DEVICES=0: $(CUDA_VISIBLE_DEVICES=0 imports install "$bundle" --cache-dir "$T/w")"
   echo "again, CUDA_VISIBLE_DEVICES=0: $(CUDA_VISIBLE_DEVICES=0 imports install "$bundle" --cache-dir "$T/w")"
   echo "CUDA_VISIBLE_DEVICES='': $(CUDA_VISIBLE_DEVICES= imports install "$bundle" --cache-dir "$T/w")"
-  python3 -c "
-import json, os, sys
-from kernelcache.format.envscan import gpu_witness
-from kernelcache.plan.gpus import visible_gpus
-print('visible:', [(g.name, g.arch, g.sm_count) for g in visible_gpus()])
-print('witness files:', sorted(os.listdir('/proc/driver/nvidia/gpus')) if os.path.isdir('/proc/driver/nvidia/gpus') else None)
-print('dev:', sorted(n for n in os.listdir('/dev') if n.startswith('nvidia')))
-"
+  python3 scripts/gpu/gpu_witness.py
 } > "$OUT/witness.txt" 2>&1
 cat "$OUT/env.txt" "$OUT/witness.txt"; tail -25 "$OUT/podstart.txt"

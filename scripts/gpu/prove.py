@@ -6,10 +6,11 @@ bundle, each in a fresh process, compare their outputs, summarise. One driver fo
                                  [--out DIR] [--work DIR] [--dry-run]
 
 FAMILY is a path of the registry (kernelcache/plan/families/: ``moe``, ``mrv2``, ...) or the name of its GPU check
-(``sampler`` for registry, mrv1 and mrv2). The check is ``scripts/gpu/checks/<name>.py``: its public ``check(tasks,
-records)`` runs the family's vLLM code on real tensors and returns its outputs (tensors by name) and what it
-measured. ``tasks`` are the family's exercise tasks (plan/tasks.py) of the plan the bundle records (``--recipe``:
-of a shipped recipe instead), so the check runs what the build ran.
+(``sampler`` for registry, mrv1 and mrv2). The check is ``tests/gpu_checks/<name>.py``, a test of the family's driver
+on a GPU (as its key probe in tests/probes/ is one on the CPU): its public ``check(tasks, records)`` runs the
+family's vLLM code on real tensors and returns its outputs (tensors by name) and what it measured. ``tasks`` are the
+family's exercise tasks (plan/tasks.py) of the plan the bundle records (``--recipe``: of a shipped recipe instead),
+so the check runs what the build ran.
 
 The bundle: ``--bundle NAME=PATH`` (a file, or a folder holding one per GPU product), default ``.carry/NAME/``; in a
 folder, the bundle whose name ends with the visible GPU's profile (``-h200.tar.zst``, ``-h100-sxm.tar.zst``) is
@@ -53,8 +54,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-CHECKS = ROOT / "scripts" / "gpu" / "checks"
-sys.path.insert(0, str(CHECKS))  # the checks import their siblings by name (checks/common.py)
+CHECKS = ROOT / "tests" / "gpu_checks"  # GPU tests of the families' drivers, beside their key probes (tests/probes/)
+sys.path.insert(0, str(CHECKS))  # the checks import their siblings by name (gpu_checks/common.py)
 from common import NVCC_LOG, nvcc_runs  # noqa: E402 -- found through the path just set
 
 CARRY = ROOT / ".carry"
@@ -216,7 +217,7 @@ def served_env(cache: Path, env: dict) -> dict:
 
 
 def load_check(check: str):
-    """``scripts/gpu/checks/CHECK.py`` as a module (its siblings, checks/common.py, importable: ``CHECKS`` is on the
+    """``tests/gpu_checks/CHECK.py`` as a module (its siblings, gpu_checks/common.py, importable: ``CHECKS`` is on the
     path)."""
     spec = importlib.util.spec_from_file_location(f"kernelcache_check_{check}", CHECKS / f"{check}.py")
     module = importlib.util.module_from_spec(spec)
@@ -437,7 +438,7 @@ def print_plan(check: str, bundle: Path | None, tasks: list[dict], chosen: list[
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("families", nargs="*", help="registry paths or check names (scripts/gpu/checks/)")
+    parser.add_argument("families", nargs="*", help="registry paths or check names (tests/gpu_checks/)")
     parser.add_argument("--bundle", action="append", default=[], metavar="NAME=PATH",
                         help="the bundle (file or folder) of check NAME [default: .carry/NAME/]")
     parser.add_argument("--tuned", action="append", default=[], metavar="NAME=PATH",

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 from kernelcache.exercise.worker import Job
@@ -41,9 +42,10 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 # The kernelcache command as its console script runs it (kernelcache/entry.py), then one JSON line on stderr: its
-# exit code and which of the WATCHED modules it imported.
+# exit code and which of the WATCHED modules it imported (json only after: it imports re, collections, functools).
 ENTRY_PROBE = r"""
-import json, sys
+import sys
+started = set(sys.modules)
 from kernelcache.entry import main
 sys.argv[0] = "kernelcache"
 try:
@@ -51,16 +53,33 @@ try:
     code = 0
 except SystemExit as exc:
     code = exc.code or 0
-print(json.dumps({"exit": code, "imported": [m for m in WATCHED if m in sys.modules]}), file=sys.stderr)
+imported = [m for m in WATCHED if m in sys.modules and m not in started]
+import json
+print(json.dumps({"exit": code, "imported": imported}), file=sys.stderr)
 """
 
 
-def entry_point(*args: str, watched: tuple[str, ...], **env: str) -> tuple[dict, subprocess.CompletedProcess]:
-    """({exit, imported}, the process) of ``kernelcache ARGS`` in a fresh process with ``clean_env(**env)``."""
+def entry_point(*args: str, watched: tuple[str, ...], python: str | Path = sys.executable,
+                **env: str) -> tuple[dict, subprocess.CompletedProcess]:
+    """({exit, imported}, the process) of ``kernelcache ARGS`` run by ``python`` in a fresh process with
+    ``clean_env(**env)``; a watched module the interpreter imported before the command started does not count."""
     probe = ENTRY_PROBE.replace("WATCHED", repr(watched))
-    done = subprocess.run([sys.executable, "-c", probe, *args], env=clean_env(**env), capture_output=True,
+    done = subprocess.run([str(python), "-c", probe, *args], env=clean_env(**env), capture_output=True,
                           text=True, timeout=600)
     return json.loads(done.stderr.strip().splitlines()[-1]), done
+
+
+def bare_venv(where: Path) -> Path:
+    """A venv without pip whose one ``.pth`` names this interpreter's site-packages dirs, and its interpreter: their
+    packages, but not their ``.pth`` files (paths a ``.pth`` adds are not scanned for more), so not the import finder
+    of an editable install, which imports half the standard library at every start; as a user's image starts."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+    python = where / "bin" / "python"
+    probe = "import json, sysconfig; p = sysconfig.get_paths(); print(json.dumps([p['purelib'], p['platlib']]))"
+    own = json.loads(subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True).stdout)
+    ours = sysconfig.get_paths()
+    Path(own[0], "packages.pth").write_text("\n".join(dict.fromkeys([ours["purelib"], ours["platlib"]])) + "\n")
+    return python
 
 
 def run_job(workdir: Path, cache_dir: Path, capability: int, tasks=(TESTKERNELS,), sm_count: int = 132,

@@ -122,7 +122,7 @@ def table() -> str:
         about = f.about
         cells = (f"`{f.name}`", f.unit or "—", about.summary, f"`{f.exercise}`", ", ".join(about.reads),
                  f"`{about.probe}`" if about.probe else "—",
-                 f"`scripts/gpu/checks/{about.gpu_check}.py`" if about.gpu_check else "—", about.proven or "—")
+                 f"`tests/gpu_checks/{about.gpu_check}.py`" if about.gpu_check else "—", about.proven or "—")
         rows.append(f"| {' | '.join(cells)} |")
     return "\n".join(rows) + "\n"
 

@@ -5,7 +5,7 @@ Triton's ``Autotuner._bench`` is wrapped to count the autotuner's benchmark runs
 their seconds. The layer, its state and its metadata are the ones kernelcache's ``gdn`` exercise builds
 (exercise/vllm_gdn.py: ``QwenGatedDeltaNetAttention`` -> ``GDNAttentionMetadataBuilder`` -> ``forward``) with the
 bundle's task (dims, dtype, drafts, prefill backend, the attention layers' page), natively: vLLM's CUDA platform,
-Triton's real autotuner. Steps (checks/common.py): the engine's profile run (a dummy step of
+Triton's real autotuner. Steps (gpu_checks/common.py): the engine's profile run (a dummy step of
 ``max_num_batched_tokens`` tokens without attention metadata, in which vLLM warms the FLA prefill kernels: where a
 server's autotuner times them; ``profile_s``), then the requests (``first_call_s`` is the first's). Weights and
 inputs are seeded, so two processes compute the same thing given the same autotune choices; the chosen configs
@@ -27,7 +27,7 @@ BENCH_SECONDS: Counter = Counter()
 
 def check(tasks: list[dict], records: list[dict]) -> dict:
     from kernelcache.exercise import vllm_gdn as vg
-    from kernelcache.exercise.vllm_mamba import real_host, tensor_parallel
+    from kernelcache.exercise.layers import real_host, tensor_parallel
 
     count_benchmarks()
     task = tasks[0]["kwargs"]
@@ -88,10 +88,11 @@ def chosen() -> dict:
     import importlib
 
     from kernelcache.exercise import vllm_gdn as vg
+    from kernelcache.exercise.layers import autotuners
 
     found = {}
     for name in vg.FLA_MODULES:
-        for kernel in vg.autotuners(importlib.import_module(f"{vg.FLA}.{name}")):
+        for kernel in autotuners(importlib.import_module(f"{vg.FLA}.{name}")):
             fn = kernel.base_fn.__name__
             found[fn] = {"configs": len(kernel.configs), "benchmark_runs": BENCH[fn],
                          "benchmark_s": round(BENCH_SECONDS[fn], 4),

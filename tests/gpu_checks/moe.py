@@ -11,7 +11,7 @@ same thing. ``reference`` checks a few token counts against a dense fp32 MoE.
 (``moe_align_block_size``'s wrapper) and, through a torch emulation of ``fused_moe_kernel``'s block semantics,
 the whole pipeline against the dense reference.
 
-    python scripts/gpu/checks/moe.py cpu-check
+    python tests/gpu_checks/moe.py cpu-check
 """
 
 from __future__ import annotations
@@ -254,8 +254,8 @@ def _aligned(ids, sorted_ids, expert_ids, post: int, block: int) -> bool:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["cpu-check"]:
-        sys.exit("usage: python scripts/gpu/checks/moe.py cpu-check (the GPU check runs through scripts/gpu/prove.py)")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+        sys.exit("usage: python tests/gpu_checks/moe.py cpu-check (the GPU check runs through scripts/gpu/prove.py)")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     result = cpu_check()
     print(json.dumps(result, indent=1, default=str))
     sys.exit(0 if result["ok"] else 1)

@@ -1,4 +1,4 @@
-"""What the checks share: for the autotuned layers (scripts/gpu/checks/mamba.py, gdn.py) their steps, counts per
+"""What the checks share: for the autotuned layers (tests/gpu_checks/mamba.py, gdn.py) their steps, counts per
 kernel, the autotune JSON Triton wrote, the error against a reference; for every state prove.py runs, the nvcc runs
 its wrapper logged (``nvcc_runs``)."""
 
@@ -56,7 +56,7 @@ def timed(module, layer, label: str, batch, outputs: dict, inputs: dict) -> floa
     hidden states, synchronized and timed; a request step's output and input are kept. Its seconds."""
     import torch
 
-    from kernelcache.exercise.vllm_mamba import random_hidden
+    from kernelcache.exercise.layers import random_hidden
 
     hidden = random_hidden(layer, batch)
     torch.cuda.synchronize()

@@ -6,7 +6,7 @@ The layer, its state and its metadata are the ones kernelcache's ``mamba`` exerc
 ``MambaMixer2`` -> ``Mamba2AttentionMetadataBuilder`` -> ``MambaMixer2.forward``) with the bundle's task (dims,
 dtype, state dtype, sequences, batched tokens), natively: vLLM's CUDA platform, Triton's real autotuner. The C op
 the pure-Python vLLM tree lacks (``_C::cutlass_scaled_mm_supports_fp8``, an import-time capability query) is
-answered in Python (listed in the output). Steps (checks/common.py): the engine's profile run (a dummy step of
+answered in Python (listed in the output). Steps (gpu_checks/common.py): the engine's profile run (a dummy step of
 ``max_num_batched_tokens`` tokens without attention metadata, in which vLLM warms the SSD kernels: where a
 server's autotuner times them), then the requests. ``profile_s`` is the profile step (engine start),
 ``first_call_s`` the first request's. Weights and inputs are seeded, so two processes compute the same thing given
@@ -24,6 +24,7 @@ from common import autotune_json, count_by_kernel, error, steps, timed
 def check(tasks: list[dict], records: list[dict]) -> dict:
     from kernelcache.exercise import autotune_log
     from kernelcache.exercise import vllm_mamba as vm
+    from kernelcache.exercise.layers import tensor_parallel
 
     tuned: list[dict] = []
     autotune_log.install(also=tuned.append)
@@ -33,7 +34,7 @@ def check(tasks: list[dict], records: list[dict]) -> dict:
                    task["n_groups"], task["conv_kernel"], task["chunk_size"], task["dtype"],
                    task["mamba_ssm_cache_dtype"], task["tensor_parallel_size"])
     seqs, tokens = task["max_num_seqs"], task["max_num_batched_tokens"]
-    with vm.tensor_parallel(dims.tp):
+    with tensor_parallel(dims.tp):
         layer = vm.make_layer(dims, seqs, tokens)
         calls, outputs, inputs = [], {}, {}
         for label, requests in steps(seqs, tokens):
@@ -67,18 +68,15 @@ def chosen() -> dict:
     """Per autotuned SSD kernel: the config Triton's autotuner chose per tuning key and its benchmark seconds."""
     import importlib
 
-    from triton.runtime.autotuner import Autotuner
-
-    from kernelcache.exercise.vllm_mamba import SSD_MODULES
+    from kernelcache.exercise.layers import autotuners
+    from kernelcache.exercise.vllm_mamba import OPS, SSD_MODULES
 
     found = {}
     for name in SSD_MODULES:
-        module = importlib.import_module(f"vllm.model_executor.layers.mamba.ops.{name}")
-        for kernel in vars(module).values():
-            if isinstance(kernel, Autotuner):
-                found[kernel.base_fn.__name__] = {
-                    "configs": len(kernel.configs), "bench_s": round(getattr(kernel, "bench_time", 0.0), 4),
-                    "chosen": {str(key): str(config) for key, config in kernel.cache.items()}}
+        for kernel in autotuners(importlib.import_module(f"{OPS}.{name}")):
+            found[kernel.base_fn.__name__] = {
+                "configs": len(kernel.configs), "bench_s": round(getattr(kernel, "bench_time", 0.0), 4),
+                "chosen": {str(key): str(config) for key, config in kernel.cache.items()}}
     return found
 
 

@@ -6,14 +6,14 @@ For each task of the bundle's plan (one per sliding window of the model) the lay
 ``FlashInferMetadataBuilder``), with the task's shape, on vLLM's real CUDA platform. Each step is the builder
 (``plan()``) then ``Attention.forward`` (``run()``), recorded by the exercise's ``recording`` with FlashInfer
 building and loading for real; vLLM's artifactory check answers the task's ``cubins``. The KV cache starts from
-seeded random values and each step's q/k/v come from a seeded CUDA generator (checks/attention.py ``inputs``), so
+seeded random values and each step's q/k/v come from a seeded CUDA generator (gpu_checks/attention.py ``inputs``), so
 two processes compute the same thing; every step's output is kept.
 
 Served from the bundle, FlashInfer finds each module through kernelcache's jit-cache provider with
 ``FLASHINFER_DISABLE_JIT=1``; cold, it builds each one with nvcc into the state's own empty workspace (its HOME).
 prove.py points ``FLASHINFER_NVCC`` at a wrapper that logs each nvcc run to ``KERNELCACHE_PROVE_NVCC_LOG``; the
 steps count them. Steps without a sliding window or soft-cap are checked against a dense fp32 causal attention
-(checks/attention.py ``reference``).
+(gpu_checks/attention.py ``reference``).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def run_layer(task: dict, records: list[dict], outputs: dict) -> dict:
 
 
 def timed_step(state, batch, index: int, records: list[dict]):
-    """checks/attention.py's step, on the same seeded q/k/v, through FlashInfer's backend; with its nvcc runs."""
+    """gpu_checks/attention.py's step, on the same seeded q/k/v, through FlashInfer's backend; with its nvcc runs."""
     from kernelcache.exercise.vllm_flashinfer import step
 
     before = nvcc_runs()
