@@ -1,11 +1,13 @@
 """What the exercise drivers (exercise/vllm_*.py) share: the target mode, the device scope their tensors live in,
-Triton's presence in vLLM, the SM count and top-k/top-p batch classes vLLM sizes its sampler kernels by, and logits
-as an LM head returns them. Public: a new family's driver imports them from here, not from a sibling driver."""
+Triton's presence in vLLM, the SM count and top-k/top-p batch classes vLLM sizes its sampler kernels by, logits
+as an LM head returns them, and the FlashAttention version vLLM picks on the target. Public: a new family's
+driver imports them from here, not from a sibling driver."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 SPLIT_MAX_BATCH = 64  # vllm/v1/sample/ops/topk_topp_triton.py _SPLIT_MAX_BATCH
@@ -62,3 +64,29 @@ def model_logits(batch: int, vocab: int, dtype) -> Any:
     padded = -(-vocab // VOCAB_PADDING) * VOCAB_PADDING
     logits = torch.randn((batch, padded), dtype=dtype, device="cuda")
     return logits[:, :vocab]
+
+
+def fa_version(major: int) -> int:
+    """The FlashAttention version vLLM runs on a GPU of capability ``major`` with its own FlashAttention builds
+    (``fa_utils.get_flash_attn_version``: FA3 on Hopper, FA4 on Blackwell, FA2 otherwise)."""
+    return {9: 3, 10: 4}.get(major, 2)
+
+
+@contextlib.contextmanager
+def answering_flash_attn_version(version: int) -> Iterator[None]:
+    """``get_flash_attn_version`` answers ``version``, not what loads on a machine without the GPU (there: none, so
+    vLLM's selector would pass over FLASH_ATTN; in the exercises it decides FlashAttention's kernel block sizes).
+    vllm/v1/attention/backends/flash_attn.py imports it by name from fa_utils: fa_utils is answered first, so a
+    flash_attn first imported inside takes the answer too, and both get fa_utils' own back after."""
+    import importlib
+
+    modules = [importlib.import_module("vllm.v1.attention.backends.fa_utils")]
+    saved = modules[0].get_flash_attn_version
+    modules[0].get_flash_attn_version = lambda *args, **kwargs: version
+    try:
+        modules.append(importlib.import_module("vllm.v1.attention.backends.flash_attn"))
+        modules[1].get_flash_attn_version = modules[0].get_flash_attn_version
+        yield
+    finally:
+        for module in modules:
+            module.get_flash_attn_version = saved

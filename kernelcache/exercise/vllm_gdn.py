@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import layers
-from .drivers import cross, device_scope, require_triton
+from .drivers import answering_flash_attn_version, cross, device_scope, fa_version, require_triton
 from .layers import (
     AutotuneCandidates,
     autotuners,
@@ -37,7 +37,6 @@ from .layers import (
     tensor_parallel,
     warmup_failures,
 )
-from .vllm_serve import answering_flash_attn_version, fa_version
 
 LAYER_NAME = "model.layers.0.linear_attn"
 DTYPES = ("bfloat16", "float16")  # chunk_gated_delta_rule refuses float32

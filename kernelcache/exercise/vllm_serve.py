@@ -18,7 +18,6 @@ says which imported: a first build then imports vLLM in this one child, not agai
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -26,7 +25,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from ..errors import MissingDependency, RecipeError, UnknownArchitecture, UsageE
 from ..plan.gpus import GpuProfile, memory_mib
 from ..plan.serve import ServeCommand, ServeConfig
 from ..usercache import user_cache
+from .drivers import answering_flash_attn_version, fa_version
 
 EXIT_USAGE, EXIT_ARCHITECTURE, EXIT_MODEL, EXIT_MISSING = 2, 37, 3, 30
 
@@ -315,35 +315,9 @@ def _attention_backend(config: Any) -> str:
     return backend.get_name()
 
 
-def fa_version(major: int) -> int:
-    """The FlashAttention version vLLM runs on a GPU of capability ``major`` with its own FlashAttention builds
-    (``fa_utils.get_flash_attn_version``: FA3 on Hopper, FA4 on Blackwell, FA2 otherwise)."""
-    return {9: 3, 10: 4}.get(major, 2)
-
-
 def served_fa_version() -> int:
     """``fa_version`` of ``PROFILE``'s GPU."""
     return fa_version(int(PROFILE["arch"].removeprefix("sm_")) // 10)
-
-
-@contextlib.contextmanager
-def answering_flash_attn_version(version: int) -> Iterator[None]:
-    """``get_flash_attn_version`` answers ``version``, not what loads on a machine without the GPU (there: none, so
-    vLLM's selector would pass over FLASH_ATTN; in the exercises it decides FlashAttention's kernel block sizes).
-    vllm/v1/attention/backends/flash_attn.py imports it by name from fa_utils: fa_utils is answered first, so a
-    flash_attn first imported inside takes the answer too, and both get fa_utils' own back after."""
-    import importlib
-
-    modules = [importlib.import_module("vllm.v1.attention.backends.fa_utils")]
-    saved = modules[0].get_flash_attn_version
-    modules[0].get_flash_attn_version = lambda *args, **kwargs: version
-    try:
-        modules.append(importlib.import_module("vllm.v1.attention.backends.flash_attn"))
-        modules[1].get_flash_attn_version = modules[0].get_flash_attn_version
-        yield
-    finally:
-        for module in modules:
-            module.get_flash_attn_version = saved
 
 
 def flash_attn_interface() -> None:
