@@ -62,7 +62,7 @@ from .plan.recipe import BuildPlan, PlanOverrides, load, serve_request
 from .plan.serve import ServeConfig
 from .plan.targets import BuildTarget, plan_targets
 from .plan.tasks import Task
-from .preflight import preflight
+from .preflight import IMPORTABLE, preflight, remember_imports
 from .version import __version__
 
 
@@ -189,8 +189,9 @@ def planned(arch: str, recipe: str | os.PathLike | None = None, overrides: PlanO
         return plan  # plan_targets says the arch has no profile
     from .exercise.vllm_serve import resolve
 
-    configs = resolve(request.local, profiles, request.shown)
-    plan = plan.served(_agreed(configs), request.name)
+    resolved = resolve(request.local, profiles, request.shown, imports=IMPORTABLE)
+    remember_imports(resolved.imported)  # vLLM imported once: the preflight's import row is answered
+    plan = plan.served(_agreed(resolved.configs), request.name)
     return plan.override(PlanOverrides(vocabs=given.vocabs, dtypes=given.dtypes, paths=given.paths))
 
 

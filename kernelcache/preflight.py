@@ -15,6 +15,10 @@ raises a ``KernelcacheError`` of its own exit code (docs/FORMAT.md):
 * the CUDA toolchain that builds FlashInfer's modules, for a cross target of a FlashInfer path (33;
   exercise/flashinfer_sampling.py ``ensure_toolchain``, which fetches it when it is missing).
 
+A first build of a serve command has imported vLLM already, in the child that configured the command
+(exercise/vllm_serve.py); that child imports what the import row would (``IMPORTABLE``, after its answer is written)
+and ``remember_imports`` keeps its passes as the row's own, so the build starts no second vLLM import.
+
 A pass of the slow rows (the import, the RECORD hashes) is remembered under
 ``$XDG_CACHE_HOME/kernelcache/preflight/`` (``~/.cache/kernelcache/preflight``), keyed by this interpreter and every
 installed distribution's metadata dir by name, inode and mtime (an install, upgrade or ``--reinstall`` changes
@@ -116,11 +120,12 @@ def _toolchain(plan: BuildPlan, targets: Sequence[BuildTarget]) -> None:
     ensure_toolchain()
 
 
+IMPORTS = Check("imports", _always, _imports, remembered=True)
 CHECKS = (
     Check("vllm installed", _always, _vllm_installed),
     Check("paths installed", _always, _paths_installed),
     Check("no package clash", has_flashinfer, _no_clash, remembered=True),
-    Check("imports", _always, _imports, remembered=True),
+    IMPORTS,
     Check("flashinfer toolchain", _cross_flashinfer, _toolchain),
 )
 
@@ -137,7 +142,7 @@ def preflight(plan: BuildPlan, targets: Sequence[BuildTarget], checks: Sequence[
     for check in (c for c in checks if c.applies(plan, targets)):
         if check.remembered:
             installed = installed or installed_key()
-            mark = memory / _mark_name(installed, check, plan)
+            mark = memory / _mark_name(installed, check, has_flashinfer(plan))
             if mark.is_file():
                 kept.append(check.name)
                 continue
@@ -168,9 +173,19 @@ def installed_key() -> str:
     return hashlib.sha256("\n".join(seen).encode()).hexdigest()
 
 
-def _mark_name(installed: str, check: Check, plan: BuildPlan) -> str:
-    detail = json.dumps([installed, check.name, imports_of(plan), has_flashinfer(plan)])
+def _mark_name(installed: str, check: Check, flashinfer: bool) -> str:
+    detail = json.dumps([installed, check.name, _modules(flashinfer), flashinfer])
     return hashlib.sha256(detail.encode()).hexdigest()[:32]
+
+
+def remember_imports(imported: Sequence[str], memory: Path | None = None) -> None:
+    """Keep a pass of the import row for every plan whose imports (``imports_of``) are all in ``imported``: modules
+    a child process of this interpreter imported for another reason (the serve command's configuration), so that
+    the build's preflight does not import them again. A module that failed there is checked by the row itself."""
+    installed = installed_key()
+    for flashinfer in (False, True):
+        if set(_modules(flashinfer)) <= set(imported):
+            _remember((memory or default_dir()) / _mark_name(installed, IMPORTS, flashinfer))
 
 
 def _remember(mark: Path) -> None:
@@ -184,9 +199,16 @@ def _remember(mark: Path) -> None:
 # -- the checks' own work ---------------------------------------------------------------------------------
 
 
+IMPORTABLE = ("vllm", "flashinfer")  # what the import row may import: ``imports_of`` any plan is among them
+
+
 def imports_of(plan: BuildPlan) -> list[str]:
     """The top-level packages the plan's exercise processes import (their submodules need the fake target)."""
-    return ["vllm", *(["flashinfer"] if has_flashinfer(plan) else [])]
+    return _modules(has_flashinfer(plan))
+
+
+def _modules(flashinfer: bool) -> list[str]:
+    return ["vllm", *(["flashinfer"] if flashinfer else [])]
 
 
 _IMPORT = """

@@ -101,6 +101,40 @@ def test_vllm_configures_the_plan_from_the_command():
 
 
 @vllm_needed
+def test_a_first_serve_build_imports_vllm_in_one_child(tmp_path, monkeypatch):
+    """The child that configures the serve command imports what the preflight's import row would; the preflight
+    then starts no child of its own. A second build takes the kept answer and the kept pass: no child at all."""
+    pytest.importorskip("vllm")
+    from kernelcache.preflight import preflight
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no kept answer, no remembered pass
+    command = f"vllm serve {TINY} --max-num-seqs 8"
+    plan = served(serve=command)
+    assert "flashinfer" in plan.paths  # the row imports vLLM and FlashInfer
+    checked = preflight(plan, ())
+    assert "imports" in checked.remembered and "imports" not in checked.ran
+    assert served(serve=command) == plan
+
+
+@vllm_needed
+def test_an_import_that_kills_the_configuring_child_leaves_its_answer_and_the_check_to_the_preflight(
+        tmp_path, monkeypatch):
+    pytest.importorskip("vllm")
+    from kernelcache.exercise.vllm_serve import resolve
+    from kernelcache.plan.gpus import profile
+
+    site = tmp_path / "site"
+    site.mkdir()
+    # a module that ends its process as a crash in an extension module does (vLLM imports FlashInfer itself while
+    # configuring, so a FlashInfer that crashes fails the configuration, as before)
+    (site / "crashing_stub.py").write_text("import os\nos._exit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}{ROOT}")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    found = resolve(ServeCommand((str(TINY),)), (profile("h100-sxm"),), imports=("vllm", "crashing_stub"))
+    assert found.configs["h100-sxm"].max_model_len == 4096 and found.imported == ("vllm",)
+
+
+@vllm_needed
 def test_max_model_len_is_the_models_and_the_shorthand_yields_the_same_config():
     pytest.importorskip("vllm")
     shorthand = served(model_config=str(MISTRAL / "config.json"), max_num_seqs=8)

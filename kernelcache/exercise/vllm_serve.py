@@ -11,7 +11,9 @@ model is a local directory (hub ids are given one by ``--model-config``; plan/re
 ``HF_HUB_OFFLINE=1``.
 
 Answers are kept under the user cache dir, keyed by the request, the config's bytes and the installed
-vLLM/transformers/torch, so a second build of the same command pays no vLLM import.
+vLLM/transformers/torch, so a second build of the same command pays no vLLM import. The child also imports the
+modules ``imports`` names once its answer is written (as a build's preflight would, preflight.py ``IMPORTABLE``) and
+says which imported: a first build then imports vLLM in this one child, not again for its preflight.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,21 +39,28 @@ from .drivers import answering_flash_attn_version, fa_version
 EXIT_USAGE, EXIT_ARCHITECTURE, EXIT_MODEL, EXIT_MISSING = 2, 37, 3, 30
 
 
-def resolve(command: ServeCommand, profiles: tuple[GpuProfile, ...],
-            shown: str | None = None) -> dict[str, ServeConfig]:
-    """Profile name -> what vLLM configures for ``command`` on it. ``shown``: the command as the user wrote it
-    (a hub id where ``command`` names the local directory holding its config)."""
+@dataclass(frozen=True)
+class Resolved:
+    configs: dict[str, ServeConfig]  # profile name -> what vLLM configures for the command on it
+    imported: tuple[str, ...] = ()  # the modules of ``imports`` the configuring child imported (none: a kept answer)
+
+
+def resolve(command: ServeCommand, profiles: tuple[GpuProfile, ...], shown: str | None = None,
+            imports: Sequence[str] = ()) -> Resolved:
+    """What vLLM configures for ``command`` on each profile. ``shown``: the command as the user wrote it (a hub id
+    where ``command`` names the local directory holding its config). ``imports``: modules the child also imports,
+    after its answer (a failure there is only left out of ``imported``)."""
     _check_model(command.model)
     request = {"args": list(command.args), "shown": shown or command.text,
                "profiles": [{"name": g.name, "arch": g.arch, "product": g.product, "sm_count": g.sm_count,
                              "memory_mib": memory_mib(g)} for g in profiles]}
     kept = _answers_file(request, command.model)
     if kept is not None and kept.is_file():
-        return _read(json.loads(kept.read_text()))
-    answer = _run_child(request)
+        return Resolved(_read(json.loads(kept.read_text())))
+    answer, imported = _run_child(request, list(imports))
     if kept is not None:
         _keep(kept, answer)
-    return _read(answer)
+    return Resolved(_read(answer), imported)
 
 
 def _read(answer: dict) -> dict[str, ServeConfig]:
@@ -65,10 +76,12 @@ def _check_model(model: str) -> None:
         raise RecipeError(f"{model}: the model directory has no config.json (only the config is needed, no weights)")
 
 
-def _run_child(request: dict) -> dict:
+def _run_child(request: dict, imports: list[str]) -> tuple[dict, tuple[str, ...]]:
+    """The child's answer and the modules of ``imports`` it imported."""
     with tempfile.TemporaryDirectory(prefix="kernelcache-serve-") as scratch:
         ask, answer = Path(scratch, "request.json"), Path(scratch, "answer.json")
-        ask.write_text(json.dumps({**request, "answer": str(answer)}))
+        imported = Path(scratch, "imported.json")
+        ask.write_text(json.dumps({**request, "answer": str(answer), "imports": imports, "imported": str(imported)}))
         # CUDA_VISIBLE_DEVICES="": vllm.triton_utils.importing keeps Triton with no active driver then, as a server
         # with a GPU has it (its config picks Model Runner V2 only with Triton).
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -76,9 +89,17 @@ def _run_child(request: dict) -> dict:
                "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
                "HF_HOME": os.environ.get("HF_HOME", str(Path(scratch, "hf")))}
         done = subprocess.run([sys.executable, "-m", __name__, str(ask)], env=env, capture_output=True, text=True)
-        if done.returncode == 0 and answer.is_file():
-            return json.loads(answer.read_text())
+        if answer.is_file():  # written once every profile is configured: a crash after it was in the imports
+            return json.loads(answer.read_text()), _imported(imported)
         raise _failure(done.returncode, done.stderr)
+
+
+def _imported(file: Path) -> tuple[str, ...]:
+    """The modules the child says imported (it rewrites the list after each): none where it wrote none."""
+    try:
+        return tuple(json.loads(file.read_text()))
+    except (OSError, ValueError):
+        return ()
 
 
 def _failure(code: int, stderr: str) -> Exception:
@@ -359,7 +380,25 @@ def main(request_file: str) -> int:
     flash_attn_interface()
     answer = {p["name"]: configure(request["args"], p, request["shown"]) for p in request["profiles"]}
     Path(request["answer"]).write_text(json.dumps(answer))
+    import_each(request.get("imports", []), Path(request["imported"]))
     return 0
+
+
+def import_each(modules: list[str], report: Path) -> None:
+    """Import each of ``modules`` (preflight.py's row asks the same of a fresh child), listing in ``report`` those
+    that imported, rewritten after each: one that kills the process leaves the ones before it said."""
+    import importlib
+
+    done: list[str] = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException:  # noqa: BLE001 -- the preflight's own child reports it, with its error
+            continue
+        done.append(name)
+        scratch = report.with_suffix(".tmp")
+        scratch.write_text(json.dumps(done))
+        os.replace(scratch, report)
 
 
 if __name__ == "__main__":
