@@ -290,7 +290,7 @@ def installed_dirs(cache_dir: Path, manifest) -> list[str]:
 
 def installed_root(cache_dir: Path) -> Path | None:
     root = cache_dir / CACHE_ROOT
-    return root if (root / "torch_compile_cache" / "torch_aot_compile").is_dir() else None
+    return root if root.joinpath(*AOT_ROOT).is_dir() else None
 
 
 def environment(cache_dir: Path) -> dict[str, str]:

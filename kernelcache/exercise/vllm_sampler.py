@@ -20,29 +20,25 @@ in native mode vLLM's real platform and real tensors are used and these function
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import itertools
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable
-from importlib.machinery import ModuleSpec
-from types import ModuleType
 from typing import Any
 
+from ..hooks.kernelcache_tritonkey import AfterImport
 from .drivers import batch_classes, cross, device_scope, model_logits, require_triton, sm_count
 from .watch import seen
 
 
 def setup_platform(capability: int, sm_count: int, product: str = "NVIDIA GPU") -> None:
     """Make vLLM resolve a CUDA platform for the target (cross mode), before any sampler import: at once where vLLM
-    is imported already, else as soon as its package is (``after_import``), so a unit that runs no vLLM code
+    is imported already, else as soon as its package is (hooks' ``AfterImport``), so a unit that runs no vLLM code
     (kernelcache's test kernels) never pays vLLM's import (about 3 s of CPU a process)."""
     if "vllm" in sys.modules:
         _target_platform(capability, sm_count, product)
         return
-    after_import("vllm", lambda: _target_platform(capability, sm_count, product))
+    sys.meta_path.insert(0, AfterImport("vllm", lambda vllm: _target_platform(capability, sm_count, product)))
     # What importing vLLM does to the environment (vllm/env_override.py), done here too: the bundle records the
     # Triton variables set in its exercise processes (format/identity.py), the same whether a unit imported vLLM.
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
@@ -74,35 +70,6 @@ def _target_platform(capability: int, sm_count: int, product: str) -> None:
             return sm_count
 
     vllm.platforms._current_platform = TargetCudaPlatform()
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``then`` once the top-level package ``name`` is imported (its ``__init__`` run), before the import that
-    asked for it goes on: the state ``import name`` followed by ``then()`` leaves."""
-
-    def __init__(self, name: str, then: Callable[[], None]) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        load = spec.loader.exec_module
-
-        def exec_module(module: ModuleType) -> None:
-            load(module)
-            self.then()
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
-def after_import(name: str, then: Callable[[], None]) -> None:
-    """Call ``then`` right after the top-level package ``name`` is first imported in this process."""
-    sys.meta_path.insert(0, _AfterImport(name, then))
 
 
 # -- registry -------------------------------------------------------------------------------------
