@@ -15,6 +15,7 @@ import pytest
 from helpers.ci import pytest_make_collect_report, pytest_runtest_makereport, pytest_terminal_summary  # noqa: F401
 from helpers.common import kc, run_job
 from helpers.fast import pytest_configure, pytest_ignore_collect  # noqa: F401
+from helpers.testkernel_builds import build
 
 # Builds under test compile everything unless a test names a build cache itself: the counts they assert are a cold
 # build's, and nothing of the developer's (or the CI machine's) ~/.cache/kernelcache/build may decide a result.
@@ -59,6 +60,15 @@ def build_cache(tmp_path_factory) -> Path:
     instead: scripts/test.sh gives both streams the same one."""
     shared = os.environ.get("KERNELCACHE_TEST_BUILD_CACHE")
     return Path(shared) if shared else tmp_path_factory.mktemp("build-cache")
+
+
+@pytest.fixture(scope="module")
+def cold_build(tmp_path_factory):
+    """The test kernels built once per test module with a build cache of its own (``root / "cache"``): (root,
+    result). A test that needs the cache a cold build fills takes a copy of it (helpers/testkernel_builds.py
+    ``filled``) instead of building again."""
+    root = tmp_path_factory.mktemp("cold-build")
+    return root, build(root, "cold", str(root / "cache"))
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from helpers.common import ROOT, TESTKERNELS, clean_env, kc
+from helpers.testkernel_builds import build, filled
 
 import kernelcache
 from kernelcache.buildcache import blob as blobs
@@ -26,10 +27,6 @@ from kernelcache.buildcache.store import DirStore
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
-
-# --dtype bfloat16 with the registry path selects no vLLM task: the test kernels (and their launchers and
-# cuda_utils, gcc-built for the fake target) are what compiles.
-FLAGS = {"gpus": ["h200"], "dtypes": ["bfloat16"], "paths": ["registry"], "mode": "cross"}
 
 # Two builds at once in real processes, released together.
 CHILD = r"""
@@ -44,14 +41,6 @@ result = kernelcache.build("sm_90", gpus=["h200"], dtypes=["bfloat16"], paths=["
                            extra_tasks=(Task("kernelcache.exercise.testkernels:run", label="testkernels"),))
 print(json.dumps(result.targets[0].to_dict()))
 """
-
-
-def build(tmp_path: Path, name: str, cache, tasks=(TESTKERNELS,), **flags):
-    """One build of ``tasks`` with ``cache`` (a directory, a URL or False), its work dir kept under ``name``."""
-    flags = {**FLAGS, **flags}
-    result = kernelcache.build("sm_90", output_dir=tmp_path / name / "out", workdir=tmp_path / name / "work",
-                               build_cache=cache, extra_tasks=tuple(tasks), **flags)
-    return result
 
 
 def only(result):
@@ -85,19 +74,6 @@ def reference(tmp_path_factory):
     target = only(result)
     assert target.compiles > 0 and target.build_cache.location is None
     return result
-
-
-@pytest.fixture(scope="module")
-def cold_build(tmp_path_factory):
-    """The test kernels built once with a build cache of its own (``root / "cache"``): (root, result). A test that
-    needs the cache a cold build fills takes a copy of it (``filled``) instead of building again."""
-    root = tmp_path_factory.mktemp("cold-build")
-    return root, build(root, "cold", str(root / "cache"))
-
-
-def filled(cold_build, tmp_path: Path) -> Path:
-    """A copy of the cache ``cold_build`` filled, at ``tmp_path / "cache"``."""
-    return Path(shutil.copytree(cold_build[0] / "cache", tmp_path / "cache"))
 
 
 # -- reuse and byte identity -------------------------------------------------------------------------

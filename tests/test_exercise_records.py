@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers.common import ROOT, TESTKERNELS
+from helpers.common import ROOT
+from helpers.testkernel_builds import FLAGS, build, filled
 
 import kernelcache
 from kernelcache.buildcache import blob as blobs
@@ -30,13 +31,6 @@ from kernelcache.plan.tasks import Task
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
-
-FLAGS = {"gpus": ["h200"], "dtypes": ["bfloat16"], "paths": ["registry"], "mode": "cross"}
-
-
-def build(tmp_path: Path, name: str, cache, tasks=(TESTKERNELS,), **flags):
-    return kernelcache.build("sm_90", output_dir=tmp_path / name / "out", workdir=tmp_path / name / "work",
-                             build_cache=cache, extra_tasks=tuple(tasks), **{**FLAGS, **flags})
 
 
 def ran(tmp_path: Path, name: str) -> list[str]:
@@ -105,19 +99,6 @@ def test_the_key_changes_with_the_stack_and_with_the_task_module(tmp_path, monke
 def reference(tmp_path_factory):
     """The test kernels built without a build cache: what every build here must write, byte for byte."""
     return build(tmp_path_factory.mktemp("reference"), "plain", False)
-
-
-@pytest.fixture(scope="module")
-def cold_build(tmp_path_factory):
-    """The test kernels built once with a build cache of its own (``root / "cache"``): (root, result). A test that
-    needs the cache a cold build fills takes a copy of it (``filled``) instead of building again."""
-    root = tmp_path_factory.mktemp("cold-build")
-    return root, build(root, "cold", str(root / "cache"))
-
-
-def filled(cold_build, tmp_path: Path) -> Path:
-    """A copy of the cache ``cold_build`` filled, at ``tmp_path / "cache"``."""
-    return Path(shutil.copytree(cold_build[0] / "cache", tmp_path / "cache"))
 
 
 def test_a_warm_build_runs_no_exercise_process(reference, cold_build, tmp_path):
