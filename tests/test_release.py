@@ -13,7 +13,7 @@ import tarfile
 import zipfile
 
 import pytest
-from helpers.common import ROOT, entry_point
+from helpers.common import ROOT, clean_env, entry_point
 from helpers.wheel import release, uv_env
 
 import kernelcache
@@ -53,7 +53,8 @@ def test_the_wheel_holds_the_committed_package_and_its_data_only(artifacts):
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
     info = f"kernelcache-{kernelcache.__version__}.dist-info/"
-    assert {n for n in names if not n.startswith(info)} == committed
+    script = f"kernelcache-{kernelcache.__version__}.data/scripts/kernelcache"
+    assert {n for n in names if not n.startswith(info)} == committed | {script}
     with tarfile.open(sdist) as archive:
         top = {m.name.split("/", 2)[1] for m in archive.getmembers() if m.name.count("/")}
     assert {"kernelcache", "tests", "docs", "examples", "scripts", "CHANGELOG.md", "LICENSE", "pyproject.toml",
@@ -65,7 +66,7 @@ def test_the_metadata_states_license_python_and_version(artifacts):
     with zipfile.ZipFile(wheel) as archive:
         info = f"kernelcache-{kernelcache.__version__}.dist-info/"
         metadata = email.parser.Parser().parsestr(archive.read(info + "METADATA").decode())
-        entry_points = archive.read(info + "entry_points.txt").decode()
+        listed = archive.namelist()
     assert metadata["Version"] == kernelcache.__version__
     assert metadata["License-Expression"] == "Apache-2.0" and metadata["Requires-Python"] == ">=3.12"
     classifiers = metadata.get_all("Classifier")
@@ -73,8 +74,30 @@ def test_the_metadata_states_license_python_and_version(artifacts):
     assert not [c for c in classifiers if re.search(r"Python :: 3\.(?!12)\d+", c)]  # only what CI runs
     required = sorted(r for r in metadata.get_all("Requires-Dist") if "extra ==" not in r)
     assert required == ["click>=8.1", "filelock>=3.12", "rich>=13", "zstandard>=0.22"]  # torch, Triton: the image's
-    assert "kernelcache = kernelcache.entry:main" in entry_points
+    assert info + "entry_points.txt" not in listed  # the command is the wheel's own script (bin/kernelcache)
     assert f"## {kernelcache.__version__}" in (ROOT / "CHANGELOG.md").read_text()
+
+
+def test_the_command_is_a_plain_script_that_imports_only_kernelcache(artifacts, tmp_path):
+    """The wheel ships ``kernelcache`` as a script (installers point its ``#!python`` at their venv), not as an entry
+    point whose pip launcher imports ``re`` first: the command imports nothing a Python start does not, but
+    kernelcache's own modules."""
+    (_, wheel), _ = artifacts
+    with zipfile.ZipFile(wheel) as archive:
+        text = archive.read(f"kernelcache-{kernelcache.__version__}.data/scripts/kernelcache").decode()
+    assert text.startswith("#!python\n")
+    script = tmp_path / "kernelcache"
+    script.write_text(text)
+    env = clean_env(PYTHONPATH=str(ROOT))
+
+    def imported(*argv: str) -> set[str]:
+        done = subprocess.run([sys.executable, "-X", "importtime", *argv], env=env, capture_output=True, text=True,
+                              check=True, cwd=tmp_path)
+        return {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+
+    extra = imported(str(script), "--version") - imported("-c", "pass")
+    assert "kernelcache.entry" in extra
+    assert {m for m in extra if m != "__future__" and not m.startswith("kernelcache")} == set()
 
 
 def test_version_is_answered_without_click_and_says_what_click_says():
