@@ -8,34 +8,40 @@ artifact pins (Python's and torch's exact versions: torch's ``SystemInfo.check_c
 ``platform.python_version()`` and ``torch.__version__`` by equality when Dynamo loads it).
 
 Install: ``check`` computes the same factors in the serving environment (this interpreter, its vLLM, its
-``VLLM_*`` variables) and refuses (``EngineCompileMismatch``, exit 23) naming the first that differs; ``unpack``
-places the tree under ``<cache dir>/vllm/`` (``VLLM_CACHE_ROOT``: vLLM's paths in it are relative to that root, so
-it is relocated as it is). ``environment`` gives ``VLLM_CACHE_ROOT`` and ``VLLM_FORCE_AOT_LOAD=1`` (a miss fails
-loudly instead of compiling).
+``VLLM_*`` variables) and refuses (``EngineCompileMismatch``, exit 23) naming the first that differs; the install
+places the tree under ``<cache dir>/vllm/`` before its receipt (cachedir/vllm_tree.py; ``VLLM_CACHE_ROOT``: vLLM's
+paths in it are relative to that root, so it is relocated as it is). ``environment`` gives ``VLLM_CACHE_ROOT`` and
+``VLLM_FORCE_AOT_LOAD=1`` (a miss fails loudly instead of compiling).
+
+Prune: ``pinned_here`` reads, without importing torch or vLLM, the versions a record pins, which any served command
+and any ``VLLM_*`` setting needs equal; ``stale`` names those of an installed bundle that differ here.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import hashlib
+import importlib.util
 import io
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from .cachedir.layout import VLLM_DIR
+from .cachedir.vllm_tree import AOT_ROOT
 from .errors import BuildFailed, EngineCompileMismatch, MissingDependency
+from .format.envscan import distribution_version, package_dir
 from .format.manifest import Member
 
 ROOT = "vllm-compile"  # the bundle's top dir for it: vllm-compile/<sha16>/{compile.json,torch_compile_cache.tar}
 RECORD, TREE = "compile.json", "torch_compile_cache.tar"
 CACHE_ROOT = VLLM_DIR  # under the cache dir: VLLM_CACHE_ROOT of a served process
-AOT_ROOT = ("torch_compile_cache", "torch_aot_compile")  # under VLLM_CACHE_ROOT: one AOT directory per hash
 FORCE = "VLLM_FORCE_AOT_LOAD"
 CACHE_ENV = "VLLM_CACHE_ROOT"
 SERVE_ENV = "KERNELCACHE_SERVE_ENV"  # JSON {name: value}: the serving environment's hashed variables (--serve-env)
@@ -167,16 +173,21 @@ def records_of(files) -> list[tuple[str, str]]:
             if p.startswith(ROOT + "/") and p.endswith("/" + RECORD) and p[: -len(RECORD)] + TREE in paths]
 
 
+# What a record pins (exercise/vllm_compile.py ``named_factors``) that no served command or VLLM_* setting changes.
+PINNED = {"python": "the Python version (torch's SystemInfo pins it exactly)", "torch": "the torch version",
+          "vllm": "the vLLM version (VllmConfig.compute_hash hashes it)",
+          "transformers": "the transformers version (ModelConfig hashes hf_config's JSON, which names it)"}
+
+
+def pinned_differences(record: dict, here: dict) -> list[str]:
+    """The keys of ``PINNED`` the record holds with a value other than ``here``'s."""
+    return [key for key in PINNED if key in record and record.get(key) != here.get(key)]
+
+
 def differences(record: dict, here: dict) -> list[str]:
     """What differs between the bundle's record and the serving environment's factors, most specific first: the
     Python and torch versions the artifact pins, each hashed ``VLLM_*`` variable, each config field, the rest."""
-    out = []
-    for key, what in (("python", "the Python version (torch's SystemInfo pins it exactly)"),
-                      ("torch", "the torch version"), ("vllm", "the vLLM version"),
-                      ("transformers", "the transformers version (ModelConfig hashes hf_config's JSON, which "
-                                       "names it)")):
-        if key in record and record.get(key) != here.get(key):
-            out.append(f"{what}: bundle {record.get(key)}, here {here.get(key)}")
+    out = [f"{PINNED[key]}: bundle {record.get(key)}, here {here.get(key)}" for key in pinned_differences(record, here)]
     env_a, env_b = record.get("env", {}), here.get("env", {})
     out += [f"{name}: bundle {env_a.get(name)!r}, here {env_b.get(name)!r}"
             for name in sorted(set(env_a) | set(env_b)) if env_a.get(name) != env_b.get(name)]
@@ -249,45 +260,6 @@ def check(record: dict, serve: str | None = None, python: str = sys.executable) 
                                     f"({record['hash_dir'][:12]}): {'; '.join(differing[:3])}{more}")
 
 
-def aot_dirs(tree: Path) -> list[str]:
-    """The AOT directories an artifact's tree holds (``torch_compile_cache/torch_aot_compile/<hash>``, relative to
-    ``VLLM_CACHE_ROOT``): what ``unpack`` places, each whole."""
-    with tarfile.open(tree) as tar:
-        heads = {tuple(PurePosixPath(name).parts[:3]) for name in tar.getnames()}
-    return sorted("/".join(head) for head in heads if len(head) == 3 and head[:2] == AOT_ROOT)
-
-
-def unpack(cache_dir: Path, tree: Path) -> Path:
-    """The installed tree under ``<cache_dir>/vllm`` (each AOT directory whole, placed by a rename; one already
-    there, another bundle's of the same hash, is left alone); returns that root."""
-    root = cache_dir / CACHE_ROOT
-    scratch = Path(tempfile.mkdtemp(prefix=".unpack-", dir=cache_dir))
-    try:
-        with tarfile.open(tree) as tar:
-            tar.extractall(scratch, filter="data")
-        for rel in aot_dirs(tree):
-            final = root / rel
-            if not final.exists():
-                final.parent.mkdir(parents=True, exist_ok=True)
-                os.rename(scratch / rel, final)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return root
-
-
-def installed_dirs(cache_dir: Path, manifest) -> list[str]:
-    """What ``unpack_installed`` placed for a bundle, relative to the cache dir
-    (``vllm/torch_compile_cache/torch_aot_compile/<hash>``), read from its installed trees (a tree that is gone
-    names none). ``rm`` and ``prune`` remove these with the bundle: its receipt lists only the bundle's members."""
-    if manifest.engine is None:
-        return []
-    found: set[str] = set()
-    for _, tree in records_of(manifest.files()):
-        with contextlib.suppress(OSError, tarfile.TarError):
-            found.update(f"{CACHE_ROOT}/{rel}" for rel in aot_dirs(cache_dir / tree))
-    return sorted(found)
-
-
 def installed_root(cache_dir: Path) -> Path | None:
     root = cache_dir / CACHE_ROOT
     return root if root.joinpath(*AOT_ROOT).is_dir() else None
@@ -297,6 +269,56 @@ def environment(cache_dir: Path) -> dict[str, str]:
     """``VLLM_CACHE_ROOT`` and ``VLLM_FORCE_AOT_LOAD=1`` when the cache dir holds an installed artifact."""
     root = installed_root(cache_dir)
     return {"VLLM_CACHE_ROOT": str(root), FORCE: "1"} if root else {}
+
+
+@functools.cache
+def pinned_here() -> dict[str, str | None]:
+    """The versions a record pins, as ``named_factors`` reports them in this interpreter (``platform.python_version()``,
+    ``torch.__version__``, ``vllm.__version__``, transformers' distribution version), read without importing torch or
+    vLLM: each sets ``__version__`` in one generated file (torch/version.py; vllm/_version.py, whose absence or
+    failure vllm/version.py answers with "dev"), run here alone. ``MissingDependency`` without torch or vLLM."""
+    folders = {name: package_dir(name) for name in ("torch", "vllm")}
+    if None in folders.values():
+        missing = next(name for name, folder in folders.items() if folder is None)
+        raise MissingDependency(f"{missing} is not installed here: whether a compile artifact matches the serving "
+                                f"environment needs its torch and vLLM (run kernelcache in that environment)")
+    torch = _version_set_by(Path(folders["torch"], "version.py"))
+    if torch is None:
+        raise MissingDependency(f"torch in {folders['torch']} has no readable version.py: its version is unknown")
+    return {"python": platform.python_version(), "torch": torch,
+            "vllm": _version_set_by(Path(folders["vllm"], "_version.py")) or "dev",
+            "transformers": distribution_version("transformers")}
+
+
+def _version_set_by(path: Path) -> str | None:
+    """The ``__version__`` the module file ``path`` sets, the file run alone; None when it cannot be run or sets
+    none."""
+    spec = importlib.util.spec_from_file_location(f"_kernelcache_version_{path.parent.name}", path)
+    if spec is None or spec.loader is None or not path.is_file():
+        return None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception:  # noqa: BLE001 -- vllm/version.py catches every exception of its _version import too
+        return None
+    version = getattr(module, "__version__", None)
+    return version if isinstance(version, str) else None
+
+
+def stale(cache_dir: Path, manifest) -> list[tuple[str, str, str | None]]:
+    """(what, the bundle's, here's) for each version an installed bundle's compile records pin that differs here
+    (``pinned_here``): vLLM misses the artifact whatever command is served and whatever ``VLLM_*`` variables the
+    server has. Those two, which only the serving process knows, ``check`` compares at install and verify. A record
+    that cannot be read names nothing."""
+    out = []
+    for record_path, _ in records_of(manifest.files()):
+        try:
+            record = json.loads((cache_dir / record_path).read_text())
+        except (OSError, ValueError):
+            continue
+        here = pinned_here()
+        out += [(key, str(record[key]), here[key]) for key in pinned_differences(record, here)]
+    return out
 
 
 def bundle_records(bundle: Path, limits=None) -> list[dict]:
@@ -316,12 +338,6 @@ def check_bundle(bundle: Path, limits=None, serve: str | None = None) -> list[di
     for record in records:
         check(record, serve)
     return records
-
-
-def unpack_installed(cache_dir: Path, manifest) -> None:
-    """After an install: each published artifact's tree unpacked under ``<cache_dir>/vllm`` (``unpack``)."""
-    for _, tree in records_of(manifest.files()):
-        unpack(cache_dir, cache_dir / tree)
 
 
 def read_only_environment(base: Path, overlay: Path) -> dict[str, str]:

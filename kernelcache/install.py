@@ -14,7 +14,8 @@ an ``InstallPlan`` that says what would happen and why a bundle would be refused
 2. returns at once if another process installed the same bundle meanwhile;
 3. extracts into ``<cache>/.kernelcache/staging/`` (same filesystem), verifying every member's
    size and sha256 before anything is renamed; each Triton group file is checked and written
-   pointing at the final absolute paths;
+   pointing at the final absolute paths; a vLLM compile tree's AOT directories are unpacked there
+   too (cachedir/vllm_tree.py), entries of the bundle like the others;
 4. writes, before publishing anything, a journal of the entries to publish and the receipt under a
    pending name (so the publish step allocates no space); renames each entry into place (a whole
    directory in one ``rename`` where the key is new; file by file, group file last, where Triton
@@ -49,6 +50,7 @@ from .cachedir.checked import Checked, bundle_identity, find_checked, remember_c
 from .cachedir.fingerprints import load_fingerprint, save_fingerprint, save_triton_key, seed_triton_key
 from .cachedir.flashinfer_site import write_site
 from .cachedir.layout import LOCK, SKELETON
+from .cachedir.vllm_tree import stage
 from .errors import (
     ArchMismatch,
     EntryError,
@@ -164,10 +166,6 @@ class InstallPlan:
                                          seconds=time.perf_counter() - started, warnings=warnings,
                                          signature=self.signature, choices=self.choices_state)
                 written, present = _install_locked(self, cache)
-                if self.manifest.engine is not None:
-                    from .enginecompile import unpack_installed
-
-                    unpack_installed(self.cache_dir, self.manifest)  # VLLM_CACHE_ROOT's tree, while writable
                 if self.manifest.flashinfer:
                     write_site(self.cache_dir)  # FlashInfer's provider registration, while the dir is writable
         except BaseException as exc:
@@ -454,7 +452,8 @@ def _install_locked(plan: InstallPlan, cache: CacheDir) -> tuple[int, int]:
                                     rewrite=relocated_groups(plan.manifest, plan.cache_dir))
         if extracted != plan.manifest:  # what was planned (and its signature checked) is what gets published
             raise IntegrityError(f"{plan.bundle.name} changed while it was installed: it holds another bundle now")
-        entries = entry_dirs(plan.manifest, plan.choices)
+        # vLLM's AOT directories, unpacked in staging: published as entries, so none is missing once the receipt is in
+        entries = sorted({*entry_dirs(plan.manifest, plan.choices), *stage(staging, plan.manifest)})
         receipt = Receipt(plan.digest, plan.manifest, tuple(entries), str(plan.bundle), str(plan.cache_dir),
                           time.time(), os.getpid(), plan.signature,
                           plan.choices_skipped if plan.choices_state == "skipped" else "")

@@ -35,6 +35,7 @@ from .cachedir import STATE_DIR, CacheDir, Receipt, recover
 from .cachedir.checked import record_holds as checked_record_holds
 from .cachedir.layout import CHECKED, SERVED, kept_records, leftover_names
 from .cachedir.publish import withdraw
+from .cachedir.vllm_tree import absent
 from .errors import KernelcacheError, NotACacheDir, NotInstalled, StorageError, UsageError
 from .format.envscan import distribution_version
 from .format.fingerprint import compare
@@ -79,7 +80,7 @@ class InstalledBundle:
     differences: tuple[str, ...]  # the fields that differ and block (``field: bundle -> here``)
     shared_with: tuple[SharedWith, ...]  # the other installed bundles it shares entries with
     shared_entries: int  # its entries another installed bundle also lists
-    missing_files: int  # files of its manifest that are not there (0 for a complete install)
+    missing_files: int  # files of its manifest and of its vLLM AOT directories that are not there (0: complete)
     bundle: str  # the file it was installed from
     signature: SignatureInfo  # who signed it, as its install checked it (``unrecorded``: installed before that)
     tuned_on: str | None = None  # where its autotune choices were timed (product, driver, clocks); None: not tuned
@@ -213,6 +214,7 @@ class _Inventory:
         served = self.served if self.served is not None and self.served >= receipt.installed_at else None
         files = manifest.files(receipt.choices)
         missing = sum(not os.path.exists(os.path.join(self.root, f.path)) for f in files)
+        missing += len(absent(self.root, manifest))  # its vLLM AOT directories' files
         tuning = manifest.tuning
         return InstalledBundle(
             self.names[receipt.digest], receipt.digest, manifest.target.arch, manifest.target.gpu,
@@ -258,10 +260,17 @@ class _Fingerprints:
 
 
 def blocking_differences(cache: CacheDir, manifest: Manifest) -> tuple[str, ...]:
-    """What ``install`` would refuse ``manifest`` for here, GPU aside (``field: bundle -> here``)."""
+    """What ``install`` would refuse ``manifest`` for here, GPU aside (``field: bundle -> here``): its fingerprint's
+    fields, and the versions its vLLM compile records pin (enginecompile.py ``stale``; the served command and the
+    server's ``VLLM_*`` variables, which this process does not know, are install's and verify's to compare)."""
     here = environment_here(manifest.environment.ptxas or [manifest.target.arch], cache, manifest).environment
     tvm_ffi = distribution_version("apache-tvm-ffi") if manifest.flashinfer else None
-    return tuple(f"{d.field}: {d.bundle} -> {d.local}" for d in compare(manifest, here, tvm_ffi=tvm_ffi) if d.blocking)
+    found = [f"{d.field}: {d.bundle} -> {d.local}" for d in compare(manifest, here, tvm_ffi=tvm_ffi) if d.blocking]
+    if manifest.engine is not None:
+        from .enginecompile import stale
+
+        found += [f"compile.{key}: {bundle} -> {local}" for key, bundle, local in stale(cache.root, manifest)]
+    return tuple(found)
 
 
 # -- rm ----------------------------------------------------------------------------------------------
@@ -422,10 +431,11 @@ def _readable(cache: CacheDir) -> tuple[Receipt, ...]:
 
 def _all_uses(root: Path, receipts: Iterable[Receipt]) -> dict[str, tuple[str, ...]]:
     """Digest -> the entries the bundle uses: those its receipt lists and the AOT directories its compile artifacts
-    placed under ``vllm/`` (enginecompile.py ``installed_dirs``), which it owns like its Triton entries."""
-    from .enginecompile import installed_dirs
+    placed under ``vllm/`` (cachedir/vllm_tree.py ``installed_dirs``; a receipt written before installs listed them),
+    which it owns like its Triton entries."""
+    from .cachedir.vllm_tree import installed_dirs
 
-    return {r.digest: (*r.uses, *installed_dirs(root, r.manifest)) for r in receipts}
+    return {r.digest: tuple(sorted({*r.uses, *installed_dirs(root, r.manifest)})) for r in receipts}
 
 
 def _users(uses: dict[str, tuple[str, ...]]) -> dict[str, list[str]]:

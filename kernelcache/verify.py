@@ -40,6 +40,7 @@ from .errors import (
     FlashInferUnverified,
     KernelcacheError,
     NothingVerified,
+    NotInstalled,
     UsageError,
 )
 from .exercise.jobs import exercise
@@ -193,9 +194,15 @@ def verify(bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike
 
 def _engine(manifest: Manifest, root: Path, checked: bool) -> tuple[str, ...]:
     """The AOT directories of the bundle's compile artifacts, each checked against vLLM's hash here (refused with
-    exit 23 naming the differing factor) unless its install just did."""
+    exit 23 naming the differing factor) unless its install just did; ``NotInstalled`` when a file of them is not in
+    the cache dir (an install cut short before kernelcache published them before the receipt: install it again)."""
+    from .cachedir.vllm_tree import absent
     from .enginecompile import check, records_of
 
+    missing = absent(root, manifest) if manifest.engine is not None else []
+    if missing:
+        raise NotInstalled(f"the bundle's vLLM compile artifact is not installed whole in {root}: {len(missing)} "
+                           f"file(s) missing, {missing[0]} first; install the bundle again, which puts them back")
     out = []
     for record_path, _ in records_of(manifest.files()):
         record = json.loads((root / record_path).read_text())

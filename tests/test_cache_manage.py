@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.bundles import rewrite, split
+from helpers.bundles import engine_bundle, rewrite, split
 from helpers.cachecheck import bundle_state, entry_states, expected_bytes, has_receipt, leftovers
 from helpers.common import ROOT, clean_env, entry_point, kc, tree
 from helpers.mounts import read_only
@@ -234,32 +234,6 @@ def test_rm_of_flashinfer_modules_removes_their_dirs_once_no_module_is_left(tmp_
     assert (cache / "flashinfer" / one / "sampling" / "sampling.so").read_bytes() == f"{one} sampling".encode()
     kc("rm", "fi1", "--cache-dir", str(cache), check=True)
     assert not (cache / "flashinfer").exists() and leftovers(cache) == CLEAN
-
-
-def engine_bundle(out: Path, hash_dir: str, command: str, **environment) -> Path:
-    """A bundle of one vLLM compile artifact (enginecompile.py's two members: its record and vLLM's
-    ``torch_compile_cache`` tree as a tar) whose AOT directory ``hash_dir`` holds stand-in bytes: installing (forced:
-    vLLM's hash check needs vLLM) and removing never loads it. ``environment``: fingerprint fields to change."""
-    import dataclasses
-    import hashlib
-
-    from kernelcache import __version__
-    from kernelcache.bundle.make import make_bundle
-    from kernelcache.enginecompile import RECORD, ROOT, TREE, _tar
-    from kernelcache.format.fingerprint import local_environment
-    from kernelcache.format.manifest import Build, Member, Target
-
-    folder = out.parent / f"{out.name}.tree" / "torch_compile_cache"
-    model = folder / "torch_aot_compile" / hash_dir / "rank_0_0" / "model"
-    model.parent.mkdir(parents=True)
-    model.write_bytes(command.encode() * 3000)
-    record = json.dumps({"command": command, "hash_dir": hash_dir}, sort_keys=True).encode()
-    tag = hashlib.sha256(record).hexdigest()[:16]
-    members = (Member(f"{ROOT}/{tag}/{RECORD}", data=record), Member(f"{ROOT}/{tag}/{TREE}", data=_tar(folder)))
-    fingerprint = dataclasses.replace(local_environment(["sm_90"]), **environment)
-    make_bundle(out, [], Target("cuda", "sm_90"), fingerprint, Build(tool=f"kernelcache {__version__}", mode="cross"),
-                engine=members)
-    return out
 
 
 def du_all(cache: Path, names: set[str]) -> int:

@@ -27,11 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import StorageError
+from ..format.manifest import ENGINE_FILES
 from ..hooks.kernelcache_autotune import SUFFIX as AUTOTUNE_SUFFIX
 from ..hooks.kernelcache_prebuilt import SOURCE_SUFFIX
 from ..hooks.kernelcache_walks import BUNDLE_FILE as WALKS_FILE
 from .layout import JOURNAL, SWEPT, unfinished
 from .state import REMOVAL_SUFFIX, CacheDir, Receipt
+from .vllm_tree import aot_entry
 
 
 @dataclass(frozen=True)
@@ -77,13 +79,19 @@ def complete_entry(entry: Path) -> bool:
     """A Triton entry with a readable group file whose children all exist, a module dir (its ``.so`` files and
     the record of the source they were built from), an autotune choice (Triton writes its one file with
     ``os.replace``: one already there, the cache dir's own, is left alone), or a bundle's walk record (its dir is
-    named by its digest: one there is the same)."""
+    named by its digest: one there is the same), a vLLM compile record beside its tree (``vllm-compile/<sha16>``,
+    named by the record's digest, which holds the tree's sha256), or a vLLM AOT directory (vllm_tree.py: placed whole
+    by one rename; one already there, vLLM's own or another bundle's of the same hash, is left alone)."""
     if not entry.is_dir():
         return False
+    if aot_entry(entry):
+        return next(entry.iterdir(), None) is not None
     groups = list(entry.glob("__grp__*.json"))
     if not groups:
         files = [p for p in entry.iterdir() if p.is_file()]
-        if files and (all(p.name.endswith(AUTOTUNE_SUFFIX) for p in files) or [p.name for p in files] == [WALKS_FILE]):
+        names = sorted(p.name for p in files)
+        if files and (all(p.name.endswith(AUTOTUNE_SUFFIX) for p in files) or names in ([WALKS_FILE],
+                                                                                    sorted(ENGINE_FILES))):
             return True
         built = [p for p in files if p.suffix == ".so"]
         return bool(built) and all(p in built or p.name.endswith(SOURCE_SUFFIX) for p in files)

@@ -270,11 +270,18 @@ class CacheDir:
         return found
 
     def installed_complete(self, digest: str, manifest: Manifest, choices: bool = True) -> bool:
-        """The receipt is there and so is every file the bundle holds (``choices``: its autotune files too)."""
+        """The receipt is there and so is every file the bundle holds (``choices``: its autotune files too) and every
+        file of the vLLM AOT directories its compile trees place (vllm_tree.py)."""
         if not self.receipt_path(digest).is_file():
             return False
         root = str(self.root)  # os.path on strings: a few hundred pathlib joins cost 10-20 ms
-        return all(os.path.exists(os.path.join(root, f.path)) for f in manifest.files(choices))
+        if not all(os.path.exists(os.path.join(root, f.path)) for f in manifest.files(choices)):
+            return False
+        if manifest.engine is None:
+            return True
+        from .vllm_tree import absent
+
+        return not absent(self.root, manifest)
 
     def choices_installed(self) -> bool:
         """Whether an installed bundle's autotune choices are in place (a receipt whose manifest has ``tuning`` and

@@ -74,3 +74,29 @@ def tamper(bundle: Path, out: Path, kernel_name: str) -> tuple[Path, str]:
     archive.write(out, dataclasses.replace(manifest, kernels=kernels),
                   [(name, lambda blob=blob: blob) for name, blob in data.items()])
     return out, victim.key
+
+
+def engine_bundle(out: Path, hash_dir: str, command: str, record: dict | None = None, **environment) -> Path:
+    """A bundle of one vLLM compile artifact (enginecompile.py's two members: its record and vLLM's
+    ``torch_compile_cache`` tree as a tar) whose AOT directory ``hash_dir`` holds stand-in bytes: installing (forced:
+    vLLM's hash check needs vLLM) and removing never loads it. ``record``: more of the record (the versions it pins);
+    ``environment``: fingerprint fields to change."""
+    import json
+
+    from kernelcache import __version__
+    from kernelcache.bundle.make import make_bundle
+    from kernelcache.enginecompile import RECORD, ROOT, TREE, _tar
+    from kernelcache.format.fingerprint import local_environment
+    from kernelcache.format.manifest import Build, Member, Target
+
+    folder = out.parent / f"{out.name}.tree" / "torch_compile_cache"
+    model = folder / "torch_aot_compile" / hash_dir / "rank_0_0" / "model"
+    model.parent.mkdir(parents=True)
+    model.write_bytes(command.encode() * 3000)
+    data = json.dumps({"command": command, "hash_dir": hash_dir, **(record or {})}, sort_keys=True).encode()
+    tag = hashlib.sha256(data).hexdigest()[:16]
+    members = (Member(f"{ROOT}/{tag}/{RECORD}", data=data), Member(f"{ROOT}/{tag}/{TREE}", data=_tar(folder)))
+    fingerprint = dataclasses.replace(local_environment(["sm_90"]), **environment)
+    make_bundle(out, [], Target("cuda", "sm_90"), fingerprint, Build(tool=f"kernelcache {__version__}", mode="cross"),
+                engine=members)
+    return out
