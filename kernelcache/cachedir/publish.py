@@ -89,9 +89,8 @@ def complete_entry(entry: Path) -> bool:
     groups = list(entry.glob("__grp__*.json"))
     if not groups:
         files = [p for p in entry.iterdir() if p.is_file()]
-        names = sorted(p.name for p in files)
-        if files and (all(p.name.endswith(AUTOTUNE_SUFFIX) for p in files) or names in ([WALKS_FILE],
-                                                                                    sorted(ENGINE_FILES))):
+        by_digest = sorted(p.name for p in files) in ([WALKS_FILE], sorted(ENGINE_FILES))  # one there is the same
+        if by_digest or (files and all(p.name.endswith(AUTOTUNE_SUFFIX) for p in files)):
             return True
         built = [p for p in files if p.suffix == ".so"]
         return bool(built) and all(p in built or p.name.endswith(SOURCE_SUFFIX) for p in files)
