@@ -204,7 +204,7 @@ def test_the_gpu_overlay_check_script_passes_on_the_fake_target(tmp_path):
     assert report["control_plain_triton"]["ok"] is False
 
 
-def test_build_from_misses_puts_the_missed_keys_in_the_next_bundle(ro_base, tmp_path):
+def test_build_from_misses_puts_the_missed_keys_in_the_next_bundle(ro_base, tmp_path, build_cache):
     pytest.importorskip("vllm")
     base, _, _ = ro_base
     env = overlay_environment(CacheDir.at(base), tmp_path / "overlay")
@@ -212,10 +212,12 @@ def test_build_from_misses_puts_the_missed_keys_in_the_next_bundle(ro_base, tmp_
     missed = {r["key"] for r in compiled if not r["cache_hit"]}
     assert len(missed) == 2
     out = tmp_path / "bundles"
-    # A small build (4 sequences) is enough: the missed keys come from the miss log, whatever the plan.
-    done = kc("build", "--arch", "sm_90", "--gpu", "h200", "--vocab", "128256", "--dtype", "bfloat16", "--path", "mrv2",
+    # A small build is enough: the missed keys come from the miss log, whatever the plan. This one is
+    # tests/test_build_vllm.py's small build (its plan, the session's build cache): whichever runs second takes
+    # MRV2's kernels from the other instead of compiling them again.
+    done = kc("build", "--arch", "sm_90", "--gpu", "h200", "--vocab", "151665", "--dtype", "float32", "--path", "mrv2",
               "--max-num-seqs", "4", "--mode", "cross", "-o", str(out), "--from-misses", env["KERNELCACHE_MISS_LOG"],
-              "--json", check=True)
+              "--build-cache", str(build_cache), "--json", check=True)
     bundle = Path(json.loads(done.stdout)[0]["bundles"][0]["path"])
     from kernelcache.format import archive
 
