@@ -15,6 +15,7 @@ import subprocess
 
 import pytest
 from helpers.common import ROOT, kc
+from helpers.serve_child import KeptChild
 
 from kernelcache.errors import RecipeError, UsageError
 from kernelcache.plan.recipe import PlanOverrides
@@ -84,8 +85,26 @@ def test_profiles_vllm_configures_differently_are_built_separately():
 vllm_needed = pytest.mark.vllm
 
 
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory):
+    """One configuring child for the module's commands (helpers/serve_child.py): vLLM imported once."""
+    pytest.importorskip("vllm")
+    child = KeptChild(tmp_path_factory.mktemp("kept-child"))
+    yield child
+    child.close()
+
+
+@pytest.fixture
+def one_child(kept, monkeypatch):
+    """The commands a test configures are answered by the module's kept child, as a fresh child answers them."""
+    from kernelcache.exercise import vllm_serve
+
+    monkeypatch.setattr(vllm_serve, "_run_child", kept.run)
+    return kept
+
+
 @vllm_needed
-def test_vllm_configures_the_plan_from_the_command():
+def test_vllm_configures_the_plan_from_the_command(one_child):
     pytest.importorskip("vllm")
     plan = served(serve=f"vllm serve {TINY} --max-num-seqs 8 --block-size 32")
     record = plan.serve
@@ -135,7 +154,7 @@ def test_an_import_that_kills_the_configuring_child_leaves_its_answer_and_the_ch
 
 
 @vllm_needed
-def test_max_model_len_is_the_models_and_the_shorthand_yields_the_same_config():
+def test_max_model_len_is_the_models_and_the_shorthand_yields_the_same_config(one_child):
     pytest.importorskip("vllm")
     shorthand = served(model_config=str(MISTRAL / "config.json"), max_num_seqs=8)
     command = served(serve=f"vllm serve {MISTRAL} --max-num-seqs 8")
@@ -145,7 +164,7 @@ def test_max_model_len_is_the_models_and_the_shorthand_yields_the_same_config():
 
 
 @vllm_needed
-def test_a_hub_id_takes_its_config_and_keeps_its_name_in_the_hash(tmp_path):
+def test_a_hub_id_takes_its_config_and_keeps_its_name_in_the_hash(tmp_path, one_child):
     pytest.importorskip("vllm")
     hub = served(serve="vllm serve meta-llama/Llama-3.1-8B-Instruct --max-num-seqs 8")  # the config kernelcache ships
     assert hub.max_model_len == 131072 and hub.vocabs[0].size == 128256
@@ -160,7 +179,7 @@ def test_a_hub_id_takes_its_config_and_keeps_its_name_in_the_hash(tmp_path):
 
 
 @vllm_needed
-def test_non_default_flags_reach_the_plan_and_the_families():
+def test_non_default_flags_reach_the_plan_and_the_families(one_child):
     pytest.importorskip("vllm")
     plan = served(serve=f"vllm serve {TINY} --max-num-seqs 8 --max-model-len 2048 --attention-backend TRITON_ATTN "
                         "--speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 2, "
@@ -171,7 +190,7 @@ def test_non_default_flags_reach_the_plan_and_the_families():
 
 
 @vllm_needed
-def test_a_recipe_names_its_serve_command(tmp_path):
+def test_a_recipe_names_its_serve_command(tmp_path, one_child):
     pytest.importorskip("vllm")
     (tmp_path / "tiny.json").write_bytes((TINY / "config.json").read_bytes())
     recipe = tmp_path / "tiny.toml"
