@@ -13,6 +13,9 @@
 # Results: $OUT/<state>.json (+ .log), $OUT/install.txt, $OUT/factors-diff.txt (every differing factor, field by
 # field) + factors.json (both sets), $OUT/env.txt, $OUT/summary.txt.
 # Carry: [".carry/c39", ".carry/c39b"] (scripts/gpu/prepare_compile_path_carry.sh makes c39b).
+# STATES (default "cold warm bundle") picks the states; a bundle state without a cold one compares with nothing.
+# Variables such as TORCH_LOGS="+torch._inductor.codecache" (Inductor's FX-graph cache key, factor by factor) reach
+# every state.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T=/tmp/kc39b; rm -rf "$T"; mkdir -p "$T"
@@ -52,8 +55,9 @@ state() {  # state name, seconds, env... -- engine_compile_states.py run argumen
     $( [ "$name" = cold ] && echo --save-output $T/cold.pt || echo --reference $T/cold.pt ) > "$OUT/$name.log" 2>&1
   echo "$name rc=$?"
 }
-state cold ${COLD_S:-280} HOME=$T/home-cold VLLM_CACHE_ROOT=$T/cold
-state warm ${WARM_S:-150} HOME=$T/home-cold VLLM_CACHE_ROOT=$T/cold
+STATES=" ${STATES:-cold warm bundle} "
+[[ $STATES == *" cold "* ]] && state cold ${COLD_S:-280} HOME=$T/home-cold VLLM_CACHE_ROOT=$T/cold
+[[ $STATES == *" warm "* ]] && state warm ${WARM_S:-150} HOME=$T/home-cold VLLM_CACHE_ROOT=$T/cold
 { HOME=$T/home-install "$PY" -m kernelcache install "$BUNDLE" --cache-dir $T/cache; echo "install rc=$?"
   HOME=$T/home-install "$PY" -m kernelcache env --cache-dir $T/cache --json > $T/env.json; echo "env rc=$?"
   cat $T/env.json; } > "$OUT/install.txt" 2>&1
@@ -70,7 +74,7 @@ print("\n".join(ec.differences(record, here)) or "no factor differs")
 PY
 cat "$OUT/install.txt"
 mapfile -t VARS < <("$PY" -c "import json; [print(f'{k}={v}') for k, v in json.load(open('$T/env.json')).items() if k != 'PYTHONPATH']")
-state bundle ${BUNDLE_S:-150} HOME=$T/home-fresh "${VARS[@]}"
+[[ $STATES == *" bundle "* ]] && state bundle ${BUNDLE_S:-150} HOME=$T/home-fresh "${VARS[@]}"
 du -sh $T/cold $T/cache/vllm >> "$OUT/env.txt" 2>&1
 "$PY" - "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
