@@ -7,8 +7,11 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -175,6 +178,28 @@ def test_the_dry_run_prints_each_state_and_runs_nothing(tmp_path):
     assert tasks == prove.tasks_for("moe", recipe.load("qwen3-30b-a3b"))
     assert "# spec_decode: skipped: the plan has no task of mrv1_spec_decode" in done.stdout
     assert not work.exists() and not (tmp_path / "out" / "prove.json").exists()
+
+
+def test_a_run_cut_short_keeps_the_families_done(tmp_path):
+    """The summary is written after each family, so a device call killed at its limit still brings back what was
+    done: here the driver is killed while the second family's cold state runs."""
+    out = tmp_path / "out"
+    driver = subprocess.Popen([sys.executable, str(SCRIPT), "moe", "sampler", "--recipe", "vllm-sampler",
+                               "--bundle", f"moe={tmp_path / 'none'}", "--states", "cold", "--work",
+                               str(tmp_path / "work"), "--out", str(out)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, cwd=ROOT, start_new_session=True)
+    try:
+        for _ in range(600):  # the first family has no task of its own in this plan: it is summarised at once
+            if (out / "prove.json").is_file() or driver.poll() is not None:
+                break
+            time.sleep(0.2)
+        running = driver.poll() is None
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the state's process it started
+        driver.wait()
+    kept = json.loads((out / "prove.json").read_text())
+    assert running  # the file came while the second family was still running
+    assert list(kept["families"]) == ["moe"] and kept["families"]["moe"]["ok"] is False
 
 
 def test_a_family_registered_with_a_check_is_proven_by_the_driver():

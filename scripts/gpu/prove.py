@@ -24,7 +24,9 @@ gcc launcher build with kernelcache's listener, times the check, and digests eac
 The summary (``OUT/prove.json``, printed): the box (GPU, driver, Python, torch, Triton); per family and state the
 counts, seconds and the check's own findings, and whether the state computed the cold state's outputs bit for
 bit; ``ok`` when the bundle state compiled nothing, built nothing and matched. Every state's result, log and
-compile records go to ``OUT/logs.tgz``.
+compile records go to ``OUT/logs.tgz``. Both are written again after each family, and each state prints one line as
+it ends, so a device call cut short by its time limit still brings back what was done (give each state its limit with
+``--timeout`` rather than wrapping the driver in ``timeout``).
 
 On the GPU box (no vLLM installed) vLLM's pure-Python tree comes from ``.carry/vllm-h200.tar.xz``
 (scripts/gpu/prepare_carry.sh) and FlashInfer's package, sources and ninja from ``.carry/fi-site.tar.xz``
@@ -393,13 +395,26 @@ def prove(args) -> dict:
             summary["families"][check] = {"check": check, "ok": False, "error": missing}
         else:
             logs.mkdir(parents=True, exist_ok=True)
-            runs = {s.name: run_state(s, check, tasks, logs, box.env, args.timeout) for s in chosen}
+            runs = {}
+            for state in chosen:
+                started = time.monotonic()
+                runs[state.name] = run_state(state, check, tasks, logs, box.env, args.timeout)
+                said = runs[state.name].get("error", "done")
+                print(f"# {check} {state.name}: {said.splitlines()[0][:200] if said else ''} "
+                      f"({time.monotonic() - started:.0f} s)", flush=True)
             summary["families"][check] = summarise(check, runs, bundle)
         summary["ok"] = summary["ok"] and summary["families"][check]["ok"]
-    if logs.is_dir():  # a device call brings back few files: the summary, and the rest in one archive
+        keep(summary, out, logs)  # a device call cut short by its limit still brings back the families done
+    return summary
+
+
+def keep(summary: dict, out: Path, logs: Path) -> None:
+    """The summary so far as ``out/prove.json``, and the logs in one archive (a device call brings back few
+    files)."""
+    (out / "prove.json").write_text(json.dumps(summary, indent=1, default=str))
+    if logs.is_dir():
         with tarfile.open(out / "logs.tgz", "w:gz") as archive:
             archive.add(logs, arcname="logs")
-    return summary
 
 
 def missing_input(check: str, bundle: Path | None, tasks: list[dict], chosen: list[State]) -> str:
@@ -474,7 +489,6 @@ def main() -> int:
     if args.dry_run:
         return 0
     text = json.dumps(summary, indent=1, default=str)
-    (Path(args.out) / "prove.json").write_text(text)
     print(text[:12000])
     return 0 if summary["ok"] else 1
 
