@@ -58,10 +58,11 @@ def stage(staging: Path, manifest: Manifest) -> list[str]:
     for tree in trees(manifest):
         try:
             with tarfile.open(staging / tree) as tar:
-                tar.extractall(staging / VLLM_DIR, members=_aot_members(tar), filter="data")
+                members = _aot_members(tar)
+                tar.extractall(staging / VLLM_DIR, members=members, filter="data")
         except tarfile.TarError as exc:  # the data filter's refusals too (a link or a path out of the tree)
             raise EntryError(f"{tree}: vLLM's compile tree cannot be unpacked: {exc}") from None
-        found.update(f"{VLLM_DIR}/{rel}" for rel in aot_dirs(staging / tree))
+        found.update(f"{VLLM_DIR}/{_aot_head(m.name)}" for m in members)  # the tree read once
     return sorted(found)
 
 
